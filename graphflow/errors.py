@@ -1,0 +1,39 @@
+"""Exceptions. Each names the node, the user's source line, what was expected and what came."""
+
+
+class GraphflowError(Exception):
+    """Base class of every graphflow error."""
+
+
+class GraphError(GraphflowError):
+    """A malformed graph: bad names, nodes from another graph, a graph used outside its context."""
+
+
+class ShapeError(GraphError):
+    """An op's inputs have shapes it cannot take, or a feed has the wrong shape."""
+
+
+class DTypeError(GraphError):
+    """An op's inputs have dtypes it cannot take, or a feed has the wrong dtype."""
+
+
+class UnknownOpError(GraphError):
+    """A node names an op that is not in the registry."""
+
+
+class CycleError(GraphError):
+    """The graph has a cycle, so it has no execution order."""
+
+
+class MissingFeedError(GraphflowError):
+    """A placeholder the fetches depend on was not fed."""
+
+
+class NonFiniteError(GraphflowError):
+    """A node produced NaN or inf while numerics checking was on."""
+
+
+def located(node: object, message: str) -> str:
+    """Prefix `message` with the node's op, name and source line (`relu 'h1' (model.py:12): ...`)."""
+    where = getattr(node, "where", None)
+    return f"{where()}: {message}" if callable(where) else message

@@ -1,0 +1,66 @@
+"""Named, seeded parameter initializers.
+
+A parameter's initial value depends only on the graph seed, its name and its initializer, so
+every worker and replica that builds the same model gets the same values without talking.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from graphflow.errors import GraphError
+
+Initializer = Callable[[np.random.Generator, tuple[int, ...], dict[str, Any]], np.ndarray]
+
+
+def _fans(shape: tuple[int, ...], attrs: dict[str, Any]) -> tuple[float, float]:
+    fan_in = attrs.get("fan_in") or (shape[0] if shape else 1)
+    fan_out = attrs.get("fan_out") or (shape[-1] if shape else 1)
+    return float(fan_in), float(fan_out)
+
+
+def glorot_uniform(rng: np.random.Generator, shape: tuple[int, ...],
+                   attrs: dict[str, Any]) -> np.ndarray:
+    fan_in, fan_out = _fans(shape, attrs)
+    limit = np.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-limit, limit, shape)
+
+
+def he_normal(rng: np.random.Generator, shape: tuple[int, ...],
+              attrs: dict[str, Any]) -> np.ndarray:
+    fan_in, _ = _fans(shape, attrs)
+    return rng.normal(0.0, np.sqrt(2.0 / fan_in), shape)
+
+
+def normal(rng: np.random.Generator, shape: tuple[int, ...], attrs: dict[str, Any]) -> np.ndarray:
+    return rng.normal(0.0, attrs.get("scale", 0.01), shape)
+
+
+def uniform(rng: np.random.Generator, shape: tuple[int, ...], attrs: dict[str, Any]) -> np.ndarray:
+    scale = attrs.get("scale", 0.05)
+    return rng.uniform(-scale, scale, shape)
+
+
+def zeros(rng: np.random.Generator, shape: tuple[int, ...], attrs: dict[str, Any]) -> np.ndarray:
+    return np.full(shape, attrs.get("value", 0.0))
+
+
+INITIALIZERS: dict[str, Initializer] = {
+    "glorot_uniform": glorot_uniform, "he_normal": he_normal, "normal": normal,
+    "uniform": uniform, "zeros": zeros,
+}
+
+
+def initial_value(name: str, attrs: dict[str, Any], graph_seed: int) -> np.ndarray:
+    """The initial value of parameter `name` (attrs: shape, dtype, init and its options)."""
+    init = attrs.get("init", "glorot_uniform")
+    if init not in INITIALIZERS:
+        raise GraphError(f"parameter '{name}': unknown initializer '{init}', known: "
+                         f"{', '.join(INITIALIZERS)}")
+    seed = (zlib.crc32(name.encode()) + 1_000_003 * graph_seed) % 2**32
+    value = INITIALIZERS[init](np.random.default_rng(seed), tuple(attrs["shape"]), attrs)
+    return np.ascontiguousarray(value, dtype=attrs["dtype"])

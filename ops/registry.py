@@ -1,0 +1,152 @@
+"""The op table: op name -> shape/dtype rule, forward kernel, gradient rule, cost.
+
+Every op is declared once with `register`; the IR, autodiff, executor and cost model all read
+this table. A gradient rule builds the backward pass from other registered ops, so the backward
+pass is itself a graph that can be partitioned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from graphflow.errors import DTypeError, GraphflowError, ShapeError, located
+from graphflow.ir import Node, Shape, current_graph
+
+
+class Spec(NamedTuple):
+    """Static shape and dtype of a tensor."""
+
+    shape: Shape
+    dtype: str
+
+
+class Cost(NamedTuple):
+    """Work of one op application: floating point operations and bytes moved."""
+
+    flops: float
+    bytes_read: float
+    bytes_written: float
+
+
+Infer = Callable[[Sequence[Spec], dict[str, Any]], Spec]
+Forward = Callable[[Sequence[np.ndarray], dict[str, Any]], np.ndarray]
+Grad = Callable[[Node, Node, tuple[bool, ...]], Sequence[Node | None]]
+CostFn = Callable[[Sequence[tuple[int, ...]], tuple[int, ...], dict[str, Any], int], Cost]
+
+FLOAT_DTYPES = ("float32", "float64")
+INT_DTYPES = ("int32", "int64")
+
+
+def elementwise_cost(flops_per_element: float = 1.0) -> CostFn:
+    def cost(ins: Sequence[tuple[int, ...]], out: tuple[int, ...], attrs: dict[str, Any],
+             itemsize: int) -> Cost:
+        n = prod(out)
+        return Cost(flops_per_element * n, itemsize * sum(prod(s) for s in ins), itemsize * n)
+    return cost
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One row of the op table. `forward` is None for source ops the executor fills itself."""
+
+    name: str
+    infer: Infer
+    forward: Forward | None
+    grad: Grad | None
+    cost: CostFn
+    doc: str = ""
+
+    def infer_node(self, node: Node) -> tuple[Shape, str]:
+        """Run the shape rule on a node's inputs; errors name the node and its source line."""
+        specs = [Spec(x.shape, x.dtype) for x in node.inputs]
+        try:
+            shape, dtype = self.infer(specs, node.attrs)
+        except (ShapeError, DTypeError) as e:
+            raise type(e)(located(node, str(e))) from None
+        except (TypeError, ValueError, KeyError) as e:
+            raise ShapeError(located(node, f"bad attributes or inputs: {e}")) from None
+        return tuple(shape), dtype
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def register(name: str, infer: Infer, forward: Forward | None, grad: Grad | None = None,
+             cost: CostFn | None = None, doc: str = "") -> OpDef:
+    if name in REGISTRY:
+        raise GraphflowError(f"op '{name}' is registered twice")
+    op = OpDef(name, infer, forward, grad, cost or elementwise_cost(), doc)
+    REGISTRY[name] = op
+    return op
+
+
+def apply(op: str, *inputs: Node, name: str | None = None, **attrs: Any) -> Node:
+    """Add `op` applied to `inputs` to the current graph (the DSL's single entry point)."""
+    inputs = tuple(as_node(x) for x in inputs)
+    graph = inputs[0].graph if inputs else current_graph()
+    assert graph is not None
+    return graph.add(op, inputs, attrs, name=name)
+
+
+def as_node(x: Any) -> Node:
+    """Nodes pass through; Python and NumPy scalars and arrays become constants."""
+    if isinstance(x, Node):
+        return x
+    g = current_graph()
+    value = np.asarray(x, dtype=g.dtype if np.asarray(x).dtype.kind == "f"
+                       or isinstance(x, (int, float)) else None)
+    return g.add("constant", (), {"value": value})
+
+
+# -- shape helpers used by many rules --------------------------------------------------------
+
+def same_float_dtype(specs: Sequence[Spec]) -> str:
+    dtypes = {s.dtype for s in specs}
+    if len(dtypes) != 1:
+        raise DTypeError(f"inputs have different dtypes {sorted(dtypes)}, expected one float dtype")
+    (dtype,) = dtypes
+    if dtype not in FLOAT_DTYPES:
+        raise DTypeError(f"input dtype is {dtype}, expected one of {', '.join(FLOAT_DTYPES)}")
+    return dtype
+
+
+def broadcast_shapes(a: Shape, b: Shape) -> Shape:
+    """NumPy broadcasting with None (the batch dimension) matching None or 1."""
+    out: list[int | None] = []
+    for i in range(max(len(a), len(b))):
+        da = a[len(a) - 1 - i] if i < len(a) else 1
+        db = b[len(b) - 1 - i] if i < len(b) else 1
+        if da == db or db == 1:
+            out.append(da)
+        elif da == 1:
+            out.append(db)
+        else:
+            raise ShapeError(f"shapes {fmt(a)} and {fmt(b)} do not broadcast")
+    return tuple(reversed(out))
+
+
+def fmt(shape: Shape) -> str:
+    return "(" + ", ".join("N" if d is None else str(d) for d in shape) + ")"
+
+
+def expect_ndim(spec: Spec, ndim: int, what: str, layout: str = "") -> None:
+    if len(spec.shape) != ndim:
+        hint = f" {layout}" if layout else ""
+        raise ShapeError(f"{what} has {len(spec.shape)} dims, expected {ndim}{hint}")
+
+
+def normalize_axes(axes: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
+    if axes is None:
+        return tuple(range(ndim))
+    axes = (axes,) if isinstance(axes, int) else tuple(axes)
+    out = []
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise ShapeError(f"axis {a} is out of range for {ndim} dims")
+        out.append(a % ndim)
+    return tuple(sorted(set(out)))

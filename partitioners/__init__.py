@@ -1,0 +1,2 @@
+"""Placement strategies and split() (installed as graphflow.partitioners); see the issue on
+model parallelism. Empty until then."""
