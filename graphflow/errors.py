@@ -34,6 +34,6 @@ class NonFiniteError(GraphflowError):
 
 
 def located(node: object, message: str) -> str:
-    """Prefix `message` with the node's op, name and source line (`relu 'h1' (model.py:12): ...`)."""
+    """Prefix `message` with the node's op, name and line: `relu 'h1' (model.py:12): ...`."""
     where = getattr(node, "where", None)
     return f"{where()}: {message}" if callable(where) else message

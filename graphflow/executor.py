@@ -16,8 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from graphflow.errors import DTypeError, GraphError, MissingFeedError, NonFiniteError, ShapeError
-from graphflow.errors import located
+from graphflow.errors import (
+    DTypeError,
+    GraphError,
+    MissingFeedError,
+    NonFiniteError,
+    ShapeError,
+    located,
+)
 from graphflow.init import initial_value
 from graphflow.ir import Graph, Node
 from graphflow.ops.registry import REGISTRY, fmt

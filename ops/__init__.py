@@ -1,6 +1,17 @@
 """The op library (installed as graphflow.ops): one registry, kernels grouped by family."""
 
-from graphflow.ops import elementwise, source  # noqa: F401  (importing registers the ops)
+from graphflow.ops import (  # noqa: F401  (importing a family registers its ops)
+    conv,
+    elementwise,
+    local,
+    loss,
+    matmul,
+    norm,
+    pool,
+    reduce,
+    shape,
+    source,
+)
 from graphflow.ops.registry import REGISTRY, Cost, OpDef, Spec, apply, register
 
 __all__ = ["REGISTRY", "Cost", "OpDef", "Spec", "apply", "register"]

@@ -6,12 +6,19 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from graphflow.ops import strided as K
+from graphflow.ops.registry import (
+    Spec,
+    apply,
+    broadcast_shapes,
+    elementwise_cost,
+    fmt,
+    register,
+    same_float_dtype,
+)
 
 from graphflow.errors import ShapeError
 from graphflow.ir import Node, Shape
-from graphflow.ops import strided as K
-from graphflow.ops.registry import (Spec, apply, broadcast_shapes, elementwise_cost, fmt,
-                                    register, same_float_dtype)
 
 Grads = Sequence[Node | None]
 
@@ -109,7 +116,8 @@ register("broadcast_like", _infer_broadcast_like, _broadcast_like_forward, _broa
 
 def _two(node: Node, ga: Node | None, gb: Node | None) -> Grads:
     a, b = node.inputs
-    return [None if ga is None else sum_to(ga, a.shape), None if gb is None else sum_to(gb, b.shape)]
+    return [None if ga is None else sum_to(ga, a.shape),
+            None if gb is None else sum_to(gb, b.shape)]
 
 
 def _add_grad(node: Node, dy: Node, wants: tuple[bool, ...]) -> Grads:
