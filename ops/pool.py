@@ -1,1 +1,285 @@
-"""(being written)"""
+"""2-D max and average pooling on NCHW tensors, and their gradients.
+
+Attributes (all pairs): kernel=(kh, kw), stride=(sh, sw), padding=(ph, pw) with ph < kh and
+pw < kw, so every window holds at least one real element. Padding counts as -inf for max
+pooling and as zeros for average pooling (which always divides by kh * kw, as PyTorch's
+count_include_pad=True). max_pool2d_grad recomputes each window's argmax from x, so the forward
+pass stores nothing extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import prod
+from typing import Any
+
+import numpy as np
+from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
+from numba import njit
+
+from graphflow.errors import ShapeError
+from graphflow.ir import Node, Shape
+
+Grads = Sequence[Node | None]
+LAYOUT = "(N, C, H, W)"
+
+
+# -- kernels -----------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _max_pool_kernel(x: np.ndarray, out: np.ndarray, kh: int, kw: int, sh: int, sw: int,
+                     ph: int, pw: int) -> None:
+    n_, c_, h_, w_ = x.shape
+    ho_, wo_ = out.shape[2], out.shape[3]
+    for n in range(n_):
+        for c in range(c_):
+            for oh in range(ho_):
+                i0 = oh * sh - ph
+                i1 = min(i0 + kh, h_)
+                i0 = max(i0, 0)
+                for ow in range(wo_):
+                    j0 = ow * sw - pw
+                    j1 = min(j0 + kw, w_)
+                    j0 = max(j0, 0)
+                    best = -np.inf
+                    for i in range(i0, i1):
+                        for j in range(j0, j1):
+                            if x[n, c, i, j] > best:
+                                best = x[n, c, i, j]
+                    out[n, c, oh, ow] = best
+
+
+@njit(cache=True, nogil=True)
+def _max_pool_grad_kernel(x: np.ndarray, dy: np.ndarray, dx: np.ndarray, kh: int, kw: int,
+                          sh: int, sw: int, ph: int, pw: int) -> None:
+    n_, c_, h_, w_ = x.shape
+    ho_, wo_ = dy.shape[2], dy.shape[3]
+    dx[...] = 0
+    for n in range(n_):
+        for c in range(c_):
+            for oh in range(ho_):
+                i0 = oh * sh - ph
+                i1 = min(i0 + kh, h_)
+                i0 = max(i0, 0)
+                for ow in range(wo_):
+                    j0 = ow * sw - pw
+                    j1 = min(j0 + kw, w_)
+                    j0 = max(j0, 0)
+                    best = -np.inf
+                    bi, bj = i0, j0
+                    for i in range(i0, i1):
+                        for j in range(j0, j1):
+                            if x[n, c, i, j] > best:  # strict: the first max wins ties
+                                best = x[n, c, i, j]
+                                bi, bj = i, j
+                    dx[n, c, bi, bj] += dy[n, c, oh, ow]
+
+
+@njit(cache=True, nogil=True)
+def _avg_pool_kernel(x: np.ndarray, out: np.ndarray, kh: int, kw: int, sh: int, sw: int,
+                     ph: int, pw: int) -> None:
+    n_, c_, h_, w_ = x.shape
+    ho_, wo_ = out.shape[2], out.shape[3]
+    scale = 1.0 / (kh * kw)
+    for n in range(n_):
+        for c in range(c_):
+            for oh in range(ho_):
+                i0 = oh * sh - ph
+                i1 = min(i0 + kh, h_)
+                i0 = max(i0, 0)
+                for ow in range(wo_):
+                    j0 = ow * sw - pw
+                    j1 = min(j0 + kw, w_)
+                    j0 = max(j0, 0)
+                    acc = 0.0
+                    for i in range(i0, i1):
+                        for j in range(j0, j1):
+                            acc += x[n, c, i, j]
+                    out[n, c, oh, ow] = acc * scale
+
+
+@njit(cache=True, nogil=True)
+def _avg_pool_grad_kernel(dy: np.ndarray, dx: np.ndarray, kh: int, kw: int, sh: int, sw: int,
+                          ph: int, pw: int) -> None:
+    n_, c_, h_, w_ = dx.shape
+    ho_, wo_ = dy.shape[2], dy.shape[3]
+    scale = 1.0 / (kh * kw)
+    dx[...] = 0
+    for n in range(n_):
+        for c in range(c_):
+            for oh in range(ho_):
+                i0 = oh * sh - ph
+                i1 = min(i0 + kh, h_)
+                i0 = max(i0, 0)
+                for ow in range(wo_):
+                    j0 = ow * sw - pw
+                    j1 = min(j0 + kw, w_)
+                    j0 = max(j0, 0)
+                    g = dy[n, c, oh, ow] * scale
+                    for i in range(i0, i1):
+                        for j in range(j0, j1):
+                            dx[n, c, i, j] += g
+
+
+# -- attributes and shape rules ----------------------------------------------------------------
+
+def _pair(value: Any, what: str, minimum: int) -> tuple[int, int]:
+    pair = (value, value) if isinstance(value, (int, np.integer)) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, (int, np.integer)) and v >= minimum
+                                 for v in pair):
+        raise ShapeError(f"{what} is {value!r}, expected an int or a pair of ints >= {minimum}")
+    return int(pair[0]), int(pair[1])
+
+
+def _window(attrs: dict[str, Any]) -> tuple[int, int, int, int, int, int]:
+    """(kh, kw, sh, sw, ph, pw) from the attrs, validated."""
+    kh, kw = _pair(attrs["kernel"], "kernel", 1)
+    sh, sw = _pair(attrs.get("stride") or (kh, kw), "stride", 1)
+    ph, pw = _pair(attrs.get("padding", 0), "padding", 0)
+    if ph >= kh or pw >= kw:
+        raise ShapeError(f"padding ({ph}, {pw}) must be smaller than the kernel ({kh}, {kw})")
+    return kh, kw, sh, sw, ph, pw
+
+
+def _out_hw(h: int, w: int, attrs: dict[str, Any]) -> tuple[int, int]:
+    kh, kw, sh, sw, ph, pw = _window(attrs)
+    if h + 2 * ph < kh or w + 2 * pw < kw:
+        raise ShapeError(f"input is {h}x{w} (padded {h + 2 * ph}x{w + 2 * pw}), smaller than "
+                         f"the {kh}x{kw} kernel")
+    return (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+
+
+def _pooled(x: Spec, attrs: dict[str, Any]) -> Shape:
+    expect_ndim(x, 4, "input", LAYOUT)
+    n, c, h, w = x.shape
+    if h is None or w is None or c is None:
+        raise ShapeError(f"input shape {fmt(x.shape)} must have known C, H and W")
+    return (n, c, *_out_hw(h, w, attrs))
+
+
+def _infer_pool(ins: Sequence[Spec], attrs: dict[str, Any]) -> Spec:
+    return Spec(_pooled(ins[0], attrs), same_float_dtype(ins))
+
+
+def _check_dy(dy: Spec, want: Shape) -> None:
+    expect_ndim(dy, 4, "dy", LAYOUT)
+    if any(a is not None and b is not None and a != b for a, b in zip(dy.shape, want)):
+        raise ShapeError(f"dy has shape {fmt(dy.shape)}, expected the pooled shape {fmt(want)}")
+
+
+def _infer_max_grad(ins: Sequence[Spec], attrs: dict[str, Any]) -> Spec:
+    x, dy = ins
+    _check_dy(dy, _pooled(x, attrs))
+    return Spec(x.shape, same_float_dtype(ins))
+
+
+def _infer_avg_grad(ins: Sequence[Spec], attrs: dict[str, Any]) -> Spec:
+    (dy,) = ins
+    expect_ndim(dy, 4, "dy", LAYOUT)
+    h, w = _pair(attrs["input_hw"], "input_hw", 1)
+    n, c = dy.shape[:2]
+    _check_dy(dy, (n, c, *_out_hw(h, w, attrs)))
+    return Spec((n, c, h, w), same_float_dtype(ins))
+
+
+# -- forward wrappers, gradient rules, costs ---------------------------------------------------
+
+def _max_forward(ins: Sequence[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
+    (x,) = ins
+    out = np.empty((*x.shape[:2], *_out_hw(x.shape[2], x.shape[3], attrs)), x.dtype)
+    _max_pool_kernel(x, out, *_window(attrs))
+    return out
+
+
+def _max_grad_forward(ins: Sequence[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
+    x, dy = ins
+    dx = np.empty_like(x)
+    _max_pool_grad_kernel(x, dy, dx, *_window(attrs))
+    return dx
+
+
+def _avg_forward(ins: Sequence[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
+    (x,) = ins
+    out = np.empty((*x.shape[:2], *_out_hw(x.shape[2], x.shape[3], attrs)), x.dtype)
+    _avg_pool_kernel(x, out, *_window(attrs))
+    return out
+
+
+def _avg_grad_forward(ins: Sequence[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
+    (dy,) = ins
+    dx = np.empty((*dy.shape[:2], *_pair(attrs["input_hw"], "input_hw", 1)), dy.dtype)
+    _avg_pool_grad_kernel(dy, dx, *_window(attrs))
+    return dx
+
+
+def _window_attrs(node: Node) -> dict[str, Any]:
+    return {k: node.attrs[k] for k in ("kernel", "stride", "padding") if k in node.attrs}
+
+
+def _max_grad(node: Node, dy: Node, wants: tuple[bool, ...]) -> Grads:
+    return [apply("max_pool2d_grad", node.inputs[0], dy, **_window_attrs(node))]
+
+
+def _avg_grad(node: Node, dy: Node, wants: tuple[bool, ...]) -> Grads:
+    h, w = node.inputs[0].shape[2:]
+    return [apply("avg_pool2d_grad", dy, input_hw=(h, w), **_window_attrs(node))]
+
+
+def _avg_grad_grad(node: Node, dy: Node, wants: tuple[bool, ...]) -> Grads:
+    return [apply("avg_pool2d", dy, **_window_attrs(node))]  # the adjoint of a linear map
+
+
+def _pool_cost(pooled_input: int | None):  # noqa: ANN202 - a cost function factory
+    """A pass that visits every window once: kh*kw flops per pooled element, which is the
+    output (forward ops) or input `pooled_input` (gradient ops)."""
+    def cost(ins: Sequence[tuple[int, ...]], out: tuple[int, ...], attrs: dict[str, Any],
+             itemsize: int) -> Cost:
+        kh, kw = _window(attrs)[:2]
+        pooled = prod(out) if pooled_input is None else prod(ins[pooled_input])
+        read = sum(prod(s) for s in ins)
+        return Cost(float(kh * kw * pooled), float(itemsize * read), float(itemsize * prod(out)))
+    return cost
+
+
+register("max_pool2d", _infer_pool, _max_forward, _max_grad, _pool_cost(None),
+         doc="2-D max pooling, NCHW (attrs kernel, stride, padding; padding is -inf)")
+register("max_pool2d_grad", _infer_max_grad, _max_grad_forward, None, _pool_cost(1),
+         doc="dy routed to each window's first argmax of x (inputs x, dy; max_pool2d's attrs)")
+register("avg_pool2d", _infer_pool, _avg_forward, _avg_grad, _pool_cost(None),
+         doc="2-D average pooling, NCHW (attrs kernel, stride, padding; divides by kh*kw)")
+register("avg_pool2d_grad", _infer_avg_grad, _avg_grad_forward, _avg_grad_grad,
+         _pool_cost(0), doc="dy spread evenly over each window (input dy; attr input_hw)")
+
+
+# -- the DSL's functions -----------------------------------------------------------------------
+
+def _dsl_attrs(kernel: Any, stride: Any, padding: Any) -> dict[str, Any]:
+    kernel = _pair(kernel, "kernel", 1)
+    return {"kernel": kernel, "stride": _pair(kernel if stride is None else stride, "stride", 1),
+            "padding": _pair(padding, "padding", 0)}
+
+
+def max_pool2d(x: Node, kernel: int | tuple[int, int], stride: int | tuple[int, int] | None = None,
+               padding: int | tuple[int, int] = 0, name: str | None = None) -> Node:
+    """Max over each kernel window of an NCHW tensor; stride defaults to the kernel.
+
+    >>> import graphflow as gf
+    >>> with gf.Graph():
+    ...     y = max_pool2d(gf.placeholder("x", (None, 3, 8, 8)), 3, stride=2, padding=1)
+    >>> y.shape
+    (None, 3, 4, 4)
+    """
+    return apply("max_pool2d", x, name=name, **_dsl_attrs(kernel, stride, padding))
+
+
+def avg_pool2d(x: Node, kernel: int | tuple[int, int], stride: int | tuple[int, int] | None = None,
+               padding: int | tuple[int, int] = 0, name: str | None = None) -> Node:
+    """Mean over each kernel window of an NCHW tensor (zero padding counts, divides by kh*kw).
+
+    >>> import graphflow as gf
+    >>> with gf.Graph():
+    ...     y = avg_pool2d(gf.placeholder("x", (2, 3, 8, 8)), 2)
+    >>> y.shape
+    (2, 3, 4, 4)
+    """
+    return apply("avg_pool2d", x, name=name, **_dsl_attrs(kernel, stride, padding))

@@ -1,0 +1,136 @@
+"""The `graphflow` command.
+
+    graphflow train digits-lc              train on the bundled digits, print test accuracy
+    graphflow train lc-large --steps 5     a few steps of a reference workload on synthetic data
+    graphflow show speech-mlp              the graph, one node a line, and its parameter count
+    graphflow ops                          the op table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from math import prod
+
+from graphflow.errors import GraphflowError
+
+
+def _parser() -> argparse.ArgumentParser:
+    from graphflow.models import WORKLOADS
+    from graphflow.optim import OPTIMIZERS
+
+    p = argparse.ArgumentParser(prog="graphflow", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a reference workload in this process",
+                       description="Train a workload; digits-lc uses the digits data set and "
+                                   "reports held-out accuracy, the others use synthetic data.",
+                       epilog="example: graphflow train digits-lc --steps 1500")
+    t.add_argument("workload", nargs="?", default="digits-lc", choices=sorted(WORKLOADS))
+    t.add_argument("--steps", type=int, default=None, help="training steps (default: per workload)")
+    t.add_argument("--batch", type=int, default=None, help="mini-batch size")
+    t.add_argument("--optimizer", default="adagrad", choices=sorted(OPTIMIZERS))
+    t.add_argument("--lr", type=float, default=None, help="learning rate")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--check-numerics", action="store_true",
+                   help="stop at the first node that produces NaN or inf")
+    t.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    s = sub.add_parser("show", help="print a workload's graph",
+                       epilog="example: graphflow show lc-large --backward")
+    s.add_argument("workload", choices=sorted(WORKLOADS))
+    s.add_argument("--backward", action="store_true", help="include the gradient nodes")
+
+    sub.add_parser("ops", help="list the registered ops", epilog="example: graphflow ops")
+    return p
+
+
+DEFAULTS = {  # workload -> (steps, batch, lr)
+    "digits-lc": (1500, 32, 0.03),
+    "lc-large": (20, 64, 0.01),
+    "speech-mlp": (20, 64, 0.01),
+}
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from graphflow import datasets
+    from graphflow.models import WORKLOADS
+    from graphflow.optim import OPTIMIZERS
+    from graphflow.train import Trainer
+
+    steps, batch, lr = DEFAULTS[args.workload]
+    steps, batch, lr = args.steps or steps, args.batch or batch, args.lr or lr
+    model = WORKLOADS[args.workload](batch=None if args.workload == "digits-lc" else batch,
+                                     seed=args.seed)
+    if args.workload == "digits-lc":
+        data = datasets.digits(seed=args.seed)
+        shift = 2
+    else:
+        shape = tuple(int(d) for d in model.x.shape[1:])
+        classes = int(model.logits.shape[1])
+        data = datasets.synthetic(shape, classes, n=4 * batch, seed=args.seed)
+        shift = 0
+    trainer = Trainer(model, OPTIMIZERS[args.optimizer](lr), check_numerics=args.check_numerics)
+    start = time.perf_counter()
+    history = trainer.fit(datasets.batches(data.x_train, data.y_train, batch, seed=args.seed,
+                                           shift=shift), steps, progress=not args.no_progress)
+    seconds = time.perf_counter() - start
+    result = {"workload": args.workload, "steps": steps, "batch": batch, "seconds": seconds,
+              "final_loss": history.losses[-1] if history.losses else None}
+    if args.workload == "digits-lc":
+        result["test_accuracy"] = trainer.accuracy(data.x_test, data.y_test)
+        result["test_examples"] = len(data.y_test)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.workload}: {steps} steps of batch {batch} in {seconds:.1f} s, "
+              f"final loss {result['final_loss']:.4f}")
+        if "test_accuracy" in result:
+            print(f"test accuracy {100 * result['test_accuracy']:.2f}% on "
+                  f"{result['test_examples']} held-out digits")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from graphflow.autodiff import gradients
+    from graphflow.models import WORKLOADS
+
+    model = WORKLOADS[args.workload]()
+    if args.backward:
+        gradients(model.loss, model.graph.parameters())
+    print(model.graph)
+    n = sum(prod(p.shape) for p in model.graph.parameters())
+    print(f"# {len(model.graph)} nodes, {n:,} parameters")
+    return 0
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    from graphflow.ops.registry import REGISTRY
+
+    width = max(len(name) for name in REGISTRY)
+    for name, op in sorted(REGISTRY.items()):
+        grad = "grad" if op.grad else "    "
+        print(f"{name:<{width}}  {grad}  {op.doc}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler = {"train": cmd_train, "show": cmd_show, "ops": cmd_ops}[args.command]
+    try:
+        return handler(args)
+    except (GraphflowError, ValueError, ImportError) as e:
+        print(f"graphflow {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Layers built from registered ops: dense, local2d (DistBelief's locally connected layer,
+unshared weights), conv2d, pooling and normalisation. Activations are NCHW.
+
+A layer opens a name scope, so its parameters are `<name>/W` and `<name>/b` (the parameter
+server keys parameters by these names).
+
+>>> import graphflow as gf
+>>> with gf.Graph() as g:
+...     x = gf.placeholder("x", (None, 3, 16, 16))
+...     h = gf.layers.local2d(x, filters=4, kernel_size=5, stride=2, name="lc1")
+>>> h.shape, g["lc1/W"].shape
+((None, 4, 6, 6), (6, 6, 4, 75))
+"""
+
+from __future__ import annotations
+
+from graphflow.dsl import name_scope, parameter
+from graphflow.errors import ShapeError
+from graphflow.ir import Node, current_graph, user_source_line
+from graphflow.ops.conv import conv2d as conv2d_op
+from graphflow.ops.elementwise import add
+from graphflow.ops.local import local2d as local2d_op
+from graphflow.ops.matmul import matmul
+from graphflow.ops.norm import lrn
+from graphflow.ops.pool import avg_pool2d, max_pool2d
+from graphflow.ops.shape import transpose
+
+__all__ = ["avg_pool2d", "conv2d", "dense", "local2d", "lrn", "max_pool2d"]
+
+NCHW_TO_HWCN = (2, 3, 1, 0)
+HWCN_TO_NCHW = (3, 2, 0, 1)
+
+
+def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def _scope(kind: str, name: str | None) -> str:
+    return name or current_graph().new_name(kind)
+
+
+def _expect_image(x: Node, kind: str, name: str) -> int:
+    if len(x.shape) != 4:
+        raise ShapeError(f"{kind} '{name}' ({user_source_line()}): input has {len(x.shape)} "
+                         f"dims, expected 4 (N, C, H, W)")
+    return int(x.shape[1])
+
+
+def _out_size(size: int, kernel: int, stride: int, pad: int, kind: str, name: str) -> int:
+    out = (size + 2 * pad - kernel) // stride + 1
+    if out < 1:
+        raise ShapeError(f"{kind} '{name}' ({user_source_line()}): kernel {kernel} with padding "
+                         f"{pad} does not fit an input of size {size}")
+    return out
+
+
+def dense(x: Node, units: int, name: str | None = None, init: str = "glorot_uniform",
+          bias: bool = True) -> Node:
+    """x @ W + b for x of shape (N, features)."""
+    scope = _scope("dense", name)
+    if len(x.shape) != 2:
+        raise ShapeError(f"dense '{scope}' ({user_source_line()}): input has {len(x.shape)} "
+                         f"dims, expected 2 (N, features); flatten it first")
+    with name_scope(scope):
+        w = parameter("W", (int(x.shape[1]), units), init=init)
+        y = matmul(x, w)
+        return add(y, parameter("b", (units,), init="zeros")) if bias else y
+
+
+def local2d(x: Node, filters: int, kernel_size: int | tuple[int, int],
+            stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
+            name: str | None = None, init: str = "glorot_uniform", bias: bool = True) -> Node:
+    """Locally connected 2-D layer: a conv2d whose weights differ at every output location.
+
+    W is (OH, OW, filters, KH*KW*C) and b is (filters, OH, OW). The op runs in (H, W, C, N)
+    layout, where each location's patch is a few contiguous rows and one BLAS call.
+    """
+    scope = _scope("local2d", name)
+    channels = _expect_image(x, "local2d", scope)
+    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel_size), _pair(stride), _pair(padding)
+    oh = _out_size(int(x.shape[2]), kh, sh, ph, "local2d", scope)
+    ow = _out_size(int(x.shape[3]), kw, sw, pw, "local2d", scope)
+    k = kh * kw * channels
+    with name_scope(scope):
+        w = parameter("W", (oh, ow, filters, k), init=init, fan_in=k, fan_out=filters)
+        y = local2d_op(transpose(x, NCHW_TO_HWCN), w, (kh, kw), (sh, sw), (ph, pw))
+        y = transpose(y, HWCN_TO_NCHW)
+        return add(y, parameter("b", (filters, oh, ow), init="zeros")) if bias else y
+
+
+def conv2d(x: Node, filters: int, kernel_size: int | tuple[int, int],
+           stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
+           name: str | None = None, init: str = "glorot_uniform", bias: bool = True) -> Node:
+    """2-D convolution with shared weights W (filters, C, KH, KW) and bias b (filters, 1, 1)."""
+    scope = _scope("conv2d", name)
+    channels = _expect_image(x, "conv2d", scope)
+    (kh, kw) = _pair(kernel_size)
+    _out_size(int(x.shape[2]), kh, _pair(stride)[0], _pair(padding)[0], "conv2d", scope)
+    fan_in = channels * kh * kw
+    with name_scope(scope):
+        w = parameter("W", (filters, channels, kh, kw), init=init, fan_in=fan_in,
+                      fan_out=filters * kh * kw)
+        y = conv2d_op(x, w, _pair(stride), _pair(padding))
+        return add(y, parameter("b", (filters, 1, 1), init="zeros")) if bias else y

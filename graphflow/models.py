@@ -1,0 +1,76 @@
+"""The reference workloads of design.md, written in the DSL.
+
+Each builder returns a Model: the graph, its input and label placeholders, logits and loss.
+Examples, benchmarks and the CLI all build models from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from graphflow import layers
+from graphflow.ir import Graph, Node
+from graphflow.dsl import placeholder
+from graphflow.ops.elementwise import relu, sigmoid
+from graphflow.ops.loss import softmax_cross_entropy
+from graphflow.ops.shape import flatten
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    graph: Graph
+    x: Node
+    y: Node
+    logits: Node
+    loss: Node
+
+
+def lc_large(batch: int | None = 64, dtype: str = "float32", seed: int = 0) -> Model:
+    """DistBelief's locally connected image model scaled to one machine (~12.75M parameters).
+
+    3x64x64 -> local2d 32 7x7/2 -> relu -> local2d 64 5x5/2 -> relu -> dense 10.
+    """
+    with Graph(dtype, seed) as g:
+        x = placeholder("x", (batch, 3, 64, 64))
+        y = placeholder("y", (batch,), "int32")
+        h = relu(layers.local2d(x, 32, 7, stride=2, name="lc1"))
+        h = relu(layers.local2d(h, 64, 5, stride=2, name="lc2"))
+        logits = layers.dense(flatten(h), 10, name="fc")
+        loss = softmax_cross_entropy(logits, y, name="loss")
+    return Model("lc-large", g, x, y, logits, loss)
+
+
+def speech_mlp(batch: int | None = 64, dtype: str = "float32", seed: int = 0) -> Model:
+    """DistBelief's fully connected speech model (~42M parameters).
+
+    440 (11 frames x 40) -> 4 x (dense 2560, sigmoid) -> softmax over 8192 states.
+    """
+    with Graph(dtype, seed) as g:
+        x = placeholder("x", (batch, 440))
+        y = placeholder("y", (batch,), "int32")
+        h = x
+        for i in range(4):
+            h = sigmoid(layers.dense(h, 2560, name=f"fc{i + 1}"))
+        logits = layers.dense(h, 8192, name="out")
+        loss = softmax_cross_entropy(logits, y, name="loss")
+    return Model("speech-mlp", g, x, y, logits, loss)
+
+
+def digits_lc(batch: int | None = None, dtype: str = "float32", seed: int = 0) -> Model:
+    """A small locally connected net for the 32x32 digits: conv -> pool -> local2d -> dense."""
+    with Graph(dtype, seed) as g:
+        x = placeholder("x", (batch, 1, 32, 32))
+        y = placeholder("y", (batch,), "int32")
+        h = relu(layers.conv2d(x, 16, 5, padding=2, name="conv1"))
+        h = layers.max_pool2d(h, 2)
+        h = relu(layers.local2d(h, 32, 3, stride=2, name="lc2"))
+        logits = layers.dense(flatten(h), 10, name="fc")
+        loss = softmax_cross_entropy(logits, y, name="loss")
+    return Model("digits-lc", g, x, y, logits, loss)
+
+
+WORKLOADS: dict[str, Callable[..., Model]] = {
+    "lc-large": lc_large, "speech-mlp": speech_mlp, "digits-lc": digits_lc,
+}

@@ -1,0 +1,113 @@
+"""Update rules: SGD, momentum and DistBelief's Adagrad, written once.
+
+An optimizer updates a named array in place from its gradient and keeps its per-name state
+(velocity, squared-gradient sums). The single-process Trainer uses it on whole parameters; a
+parameter-server shard uses the same object on the slices it holds.
+
+>>> import numpy as np
+>>> opt = Adagrad(lr=0.1)
+>>> w = np.ones(3, np.float32)
+>>> opt.update("w", w, np.full(3, 2.0, np.float32))
+>>> np.round(w, 3).tolist()
+[0.9, 0.9, 0.9]
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def _sgd(p: np.ndarray, g: np.ndarray, lr: float) -> None:
+    for i in range(p.size):
+        p[i] -= lr * g[i]
+
+
+@njit(cache=True, nogil=True)
+def _momentum(p: np.ndarray, g: np.ndarray, v: np.ndarray, lr: float, mu: float) -> None:
+    for i in range(p.size):
+        v[i] = mu * v[i] + g[i]
+        p[i] -= lr * v[i]
+
+
+@njit(cache=True, nogil=True)
+def _adagrad(p: np.ndarray, g: np.ndarray, acc: np.ndarray, lr: float, eps: float) -> None:
+    for i in range(p.size):
+        acc[i] += g[i] * g[i]
+        p[i] -= lr * g[i] / (np.sqrt(acc[i]) + eps)
+
+
+class Optimizer(ABC):
+    """Base: `update(name, param, grad)` changes `param` in place; state is kept per name."""
+
+    slots: tuple[str, ...] = ()
+
+    def __init__(self, lr: float) -> None:
+        if lr <= 0:
+            raise ValueError(f"learning rate must be positive, got {lr}")
+        self.lr = lr
+        self.state: dict[str, dict[str, np.ndarray]] = {}
+
+    def update(self, name: str, param: np.ndarray, grad: np.ndarray) -> None:
+        if param.shape != grad.shape:
+            raise ValueError(f"'{name}': gradient shape {grad.shape} != parameter {param.shape}")
+        if not param.flags.c_contiguous:
+            raise ValueError(f"'{name}': parameter must be C-contiguous to update in place")
+        state = self.state.get(name)
+        if state is None:
+            state = self.state[name] = {s: self._initial_slot(param) for s in self.slots}
+        g = np.ascontiguousarray(grad, dtype=param.dtype).reshape(-1)
+        self._apply(param.reshape(-1), g, {k: v.reshape(-1) for k, v in state.items()})
+
+    def _initial_slot(self, param: np.ndarray) -> np.ndarray:
+        return np.zeros_like(param)
+
+    @abstractmethod
+    def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray]) -> None:
+        """Update flat `p` from flat `g`, with this name's flat state slots."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(lr={self.lr})"
+
+
+class SGD(Optimizer):
+    """p -= lr * g"""
+
+    def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray]) -> None:
+        _sgd(p, g, self.lr)
+
+
+class Momentum(Optimizer):
+    """v = mu * v + g; p -= lr * v"""
+
+    slots = ("velocity",)
+
+    def __init__(self, lr: float, momentum: float = 0.9) -> None:
+        super().__init__(lr)
+        self.momentum = momentum
+
+    def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray]) -> None:
+        _momentum(p, g, state["velocity"], self.lr, self.momentum)
+
+
+class Adagrad(Optimizer):
+    """DistBelief's Adagrad: each element's rate is lr / sqrt(sum of its squared gradients)."""
+
+    slots = ("sum_sq",)
+
+    def __init__(self, lr: float, eps: float = 1e-8, initial_accumulator: float = 0.0) -> None:
+        super().__init__(lr)
+        self.eps = eps
+        self.initial_accumulator = initial_accumulator
+
+    def _initial_slot(self, param: np.ndarray) -> np.ndarray:
+        return np.full_like(param, self.initial_accumulator)
+
+    def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray]) -> None:
+        _adagrad(p, g, state["sum_sq"], self.lr, self.eps)
+
+
+OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": SGD, "momentum": Momentum, "adagrad": Adagrad}

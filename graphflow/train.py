@@ -1,0 +1,81 @@
+"""Single-process training: a Session, the gradients of the loss, an optimizer, a loop.
+
+>>> import graphflow as gf                                            # doctest: +SKIP
+>>> model = gf.models.digits_lc()                                     # doctest: +SKIP
+>>> trainer = gf.Trainer(model, gf.optim.Adagrad(0.05))               # doctest: +SKIP
+>>> data = gf.datasets.digits()                                       # doctest: +SKIP
+>>> trainer.fit(gf.datasets.batches(data.x_train, data.y_train, 32), steps=100)  # doctest: +SKIP
+>>> trainer.accuracy(data.x_test, data.y_test)                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphflow.autodiff import gradients
+from graphflow.executor import Session
+from graphflow.models import Model
+from graphflow.optim import Optimizer
+from graphflow.progress import Progress
+
+
+@dataclass
+class History:
+    steps: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+
+class Trainer:
+    """Trains a Model in this process; parameters live in `self.session`."""
+
+    def __init__(self, model: Model, optimizer: Optimizer, check_numerics: bool = False) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.session = Session(model.graph, check_numerics=check_numerics)
+        self.params = model.graph.parameters()
+        self.grads = gradients(model.loss, self.params)
+        self._fetches = [model.loss] + [self.grads[p.name] for p in self.params]
+        self.step_count = 0
+
+    def step(self, x: np.ndarray, y: np.ndarray) -> float:
+        """One forward + backward + update on a batch; returns the loss before the update."""
+        loss, *grads = self.session.run(self._fetches, {self.model.x: x, self.model.y: y})
+        for p, g in zip(self.params, grads, strict=True):
+            self.optimizer.update(p.name, self.session.params[p.name], g)
+        self.step_count += 1
+        return float(loss)
+
+    def fit(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], steps: int,
+            progress: bool = True, log_every: int = 10) -> History:
+        history = History()
+        it = iter(batches)
+        with Progress(steps, "train", enabled=progress) as bar:
+            for _ in range(steps):
+                x, y = next(it)
+                loss = self.step(x, y)
+                if self.step_count % log_every == 0:
+                    history.steps.append(self.step_count)
+                    history.losses.append(loss)
+                bar.update(loss=loss)
+        return history
+
+    def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
+        """Class predictions (argmax of the logits)."""
+        fixed = self.model.x.shape[0]
+        size = fixed or batch_size
+        out = []
+        for start in range(0, len(x), size):
+            chunk = x[start:start + size]
+            n = len(chunk)
+            if fixed is not None and n < fixed:  # a fixed-batch graph: pad the last chunk
+                chunk = np.concatenate([chunk, np.zeros((fixed - n, *chunk.shape[1:]),
+                                                        chunk.dtype)])
+            logits = self.session.run(self.model.logits, {self.model.x: chunk})
+            out.append(np.argmax(logits[:n], axis=1))
+        return np.concatenate(out)
+
+    def accuracy(self, x: np.ndarray, y: np.ndarray) -> float:
+        return float(np.mean(self.predict(x) == y))
