@@ -133,7 +133,10 @@ class Session:
             raise MissingFeedError(located(node, f"is not fed, but {_names(wanted)} need it; "
                                                  f"expected a {node.dtype} array of shape "
                                                  f"{fmt(node.shape)}"))
-        out = REGISTRY[node.op].forward([values[x] for x in node.inputs], node.attrs)
+        try:
+            out = REGISTRY[node.op].forward([values[x] for x in node.inputs], node.attrs)
+        except ValueError as e:  # bad values the shape rules cannot see (e.g. a label >= K)
+            raise ValueError(located(node, str(e))) from e
         if self.check_numerics and out.dtype.kind == "f" and not np.isfinite(out).all():
             raise NonFiniteError(located(node, f"produced {int(np.isnan(out).sum())} NaN and "
                                                f"{int(np.isinf(out).sum())} inf values"))
@@ -154,4 +157,4 @@ def _checked_value(node: Node, value: Any) -> np.ndarray:
         if not np.can_cast(arr.dtype, node.dtype, casting="same_kind"):
             raise DTypeError(located(node, f"fed dtype {arr.dtype}, expected {node.dtype}"))
         arr = arr.astype(node.dtype)
-    return np.ascontiguousarray(arr)
+    return np.require(arr, requirements="C")  # ascontiguousarray would make 0-d arrays 1-d

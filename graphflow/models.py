@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from graphflow import layers
-from graphflow.ir import Graph, Node
 from graphflow.dsl import placeholder
+from graphflow.ir import Graph, Node
 from graphflow.ops.elementwise import relu, sigmoid
 from graphflow.ops.loss import softmax_cross_entropy
 from graphflow.ops.shape import flatten

@@ -53,10 +53,10 @@ class Trainer:
         history = History()
         it = iter(batches)
         with Progress(steps, "train", enabled=progress) as bar:
-            for _ in range(steps):
+            for i in range(steps):
                 x, y = next(it)
                 loss = self.step(x, y)
-                if self.step_count % log_every == 0:
+                if self.step_count % log_every == 0 or i == steps - 1:
                     history.steps.append(self.step_count)
                     history.losses.append(loss)
                 bar.update(loss=loss)
