@@ -10,39 +10,29 @@
 """
 
 from graphflow import ops as _ops  # noqa: F401  (registers every op)
+from graphflow import datasets, layers, models, optim
 from graphflow.autodiff import gradients
 from graphflow.dsl import constant, device, name_scope, parameter, placeholder
-from graphflow.errors import (
-                              CycleError,
-                              DTypeError,
-                              GraphError,
-                              GraphflowError,
-                              MissingFeedError,
-                              NonFiniteError,
-                              ShapeError,
-                              UnknownOpError,
-)
+from graphflow.errors import (CycleError, DTypeError, GraphError, GraphflowError,
+                              MissingFeedError, NonFiniteError, ShapeError, UnknownOpError)
 from graphflow.executor import Session
 from graphflow.ir import Graph, Node
-from graphflow.ops.elementwise import (
-                              add,
-                              div,
-                              exp,
-                              log,
-                              maximum,
-                              mul,
-                              neg,
-                              relu,
-                              sigmoid,
-                              sqrt,
-                              square,
-                              sub,
-                              tanh,
-)
+from graphflow.ops.elementwise import (add, div, exp, log, maximum, mul, neg, relu, sigmoid, sqrt,
+                                       square, sub, tanh)
+from graphflow.ops.loss import log_softmax, mse, softmax, softmax_cross_entropy
+from graphflow.ops.matmul import matmul
+from graphflow.ops.norm import lrn
+from graphflow.ops.pool import avg_pool2d, max_pool2d
+from graphflow.ops.reduce import reduce_max, reduce_mean, reduce_sum
+from graphflow.ops.shape import concat, flatten, pad, reshape, slice_, transpose
+from graphflow.train import Trainer
 
 __all__ = [
     "CycleError", "DTypeError", "Graph", "GraphError", "GraphflowError", "MissingFeedError",
-    "Node", "NonFiniteError", "Session", "ShapeError", "UnknownOpError", "add", "constant",
-    "device", "div", "exp", "gradients", "log", "maximum", "mul", "name_scope", "neg",
-    "parameter", "placeholder", "relu", "sigmoid", "sqrt", "square", "sub", "tanh",
+    "Node", "NonFiniteError", "Session", "ShapeError", "Trainer", "UnknownOpError", "add",
+    "avg_pool2d", "concat", "constant", "datasets", "device", "div", "exp", "flatten",
+    "gradients", "layers", "log", "log_softmax", "lrn", "matmul", "max_pool2d", "maximum",
+    "models", "mse", "mul", "name_scope", "neg", "optim", "pad", "parameter", "placeholder",
+    "reduce_max", "reduce_mean", "reduce_sum", "relu", "reshape", "sigmoid", "slice_",
+    "softmax", "softmax_cross_entropy", "sqrt", "square", "sub", "tanh", "transpose",
 ]

@@ -1,0 +1,31 @@
+"""The command: --help, exit codes, errors on stderr, JSON output."""
+
+import json
+import subprocess
+import sys
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "graphflow.cli", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_help_and_usage_errors():
+    r = run("--help")
+    assert r.returncode == 0 and "train" in r.stdout
+    r = run("train", "no-such-model")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_ops_lists_the_registry():
+    r = run("ops")
+    assert r.returncode == 0 and "local2d" in r.stdout and "softmax_cross_entropy" in r.stdout
+
+
+def test_train_json_and_error_exit_code():
+    r = run("train", "lc-large", "--steps", "2", "--batch", "4", "--json", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["steps"] == 2 and result["final_loss"] > 0
+    r = run("train", "digits-lc", "--steps", "1", "--batch", "100000", "--no-progress")
+    assert r.returncode == 1 and "error: batch_size 100000" in r.stderr

@@ -1,0 +1,23 @@
+"""`pip install .` (not editable) installs graphflow.ops and graphflow.partitioners."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_non_editable_install_imports_subpackages(tmp_path):
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--no-build-isolation", "--target", str(target), str(ROOT)],
+                   check=True, capture_output=True, timeout=300)
+    assert not (target / "ops").exists(), "ops must not install as a top-level module"
+    code = ("import graphflow, graphflow.ops, graphflow.partitioners; "
+            "print(graphflow.__file__); print(len(graphflow.ops.REGISTRY))")
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True,
+                         capture_output=True, text=True, timeout=300).stdout.split()
+    assert out[0].startswith(str(target))
+    assert int(out[1]) > 40
