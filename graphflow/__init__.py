@@ -9,16 +9,37 @@
 (None, 2)
 """
 
-from graphflow import ops as _ops  # noqa: F401  (registers every op)
 from graphflow import datasets, layers, models, optim
+from graphflow import ops as _ops  # noqa: F401  (registers every op)
 from graphflow.autodiff import gradients
 from graphflow.dsl import constant, device, name_scope, parameter, placeholder
-from graphflow.errors import (CycleError, DTypeError, GraphError, GraphflowError,
-                              MissingFeedError, NonFiniteError, ShapeError, UnknownOpError)
+from graphflow.errors import (
+                              CycleError,
+                              DTypeError,
+                              GraphError,
+                              GraphflowError,
+                              MissingFeedError,
+                              NonFiniteError,
+                              ShapeError,
+                              UnknownOpError,
+)
 from graphflow.executor import Session
 from graphflow.ir import Graph, Node
-from graphflow.ops.elementwise import (add, div, exp, log, maximum, mul, neg, relu, sigmoid, sqrt,
-                                       square, sub, tanh)
+from graphflow.ops.elementwise import (
+                              add,
+                              div,
+                              exp,
+                              log,
+                              maximum,
+                              mul,
+                              neg,
+                              relu,
+                              sigmoid,
+                              sqrt,
+                              square,
+                              sub,
+                              tanh,
+)
 from graphflow.ops.loss import log_softmax, mse, softmax, softmax_cross_entropy
 from graphflow.ops.matmul import matmul
 from graphflow.ops.norm import lrn

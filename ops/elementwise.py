@@ -6,6 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from graphflow.errors import ShapeError
+from graphflow.ir import Node, Shape
 from graphflow.ops import strided as K
 from graphflow.ops.registry import (
     Spec,
@@ -16,9 +19,6 @@ from graphflow.ops.registry import (
     register,
     same_float_dtype,
 )
-
-from graphflow.errors import ShapeError
-from graphflow.ir import Node, Shape
 
 Grads = Sequence[Node | None]
 

@@ -13,6 +13,10 @@ from math import prod
 from typing import Any
 
 import numpy as np
+from numba import njit
+
+from graphflow.errors import DTypeError, ShapeError
+from graphflow.ir import Node, Shape
 from graphflow.ops.registry import (
     INT_DTYPES,
     Cost,
@@ -24,10 +28,6 @@ from graphflow.ops.registry import (
     register,
     same_float_dtype,
 )
-from numba import njit
-
-from graphflow.errors import DTypeError, ShapeError
-from graphflow.ir import Node, Shape
 
 Grads = Sequence[Node | None]
 

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
 from numba import njit, types
 
 from graphflow.errors import ShapeError
 from graphflow.ir import Node
+from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
 
 Grads = Sequence[Node | None]
 

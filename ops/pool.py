@@ -14,11 +14,11 @@ from math import prod
 from typing import Any
 
 import numpy as np
-from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
 from numba import njit
 
 from graphflow.errors import ShapeError
 from graphflow.ir import Node, Shape
+from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
 
 Grads = Sequence[Node | None]
 LAYOUT = "(N, C, H, W)"

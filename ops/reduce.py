@@ -7,6 +7,10 @@ from math import prod
 from typing import Any
 
 import numpy as np
+from numba import njit
+
+from graphflow.errors import ShapeError
+from graphflow.ir import Node, Shape
 from graphflow.ops import strided as K
 from graphflow.ops.registry import (
     Cost,
@@ -17,10 +21,6 @@ from graphflow.ops.registry import (
     register,
     same_float_dtype,
 )
-from numba import njit
-
-from graphflow.errors import ShapeError
-from graphflow.ir import Node, Shape
 
 Grads = Sequence[Node | None]
 

@@ -12,12 +12,12 @@ from math import prod
 from typing import Any
 
 import numpy as np
-from graphflow.ops import strided as K
-from graphflow.ops.registry import Cost, Spec, apply, fmt, register
 from numba import njit
 
 from graphflow.errors import ShapeError
 from graphflow.ir import Node, Shape
+from graphflow.ops import strided as K
+from graphflow.ops.registry import Cost, Spec, apply, fmt, register
 
 Grads = Sequence[Node | None]
 

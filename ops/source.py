@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from graphflow.ops.registry import FLOAT_DTYPES, INT_DTYPES, Cost, Spec, register
 
 from graphflow.errors import DTypeError, ShapeError
+from graphflow.ops.registry import FLOAT_DTYPES, INT_DTYPES, Cost, Spec, register
 
 DTYPES = FLOAT_DTYPES + INT_DTYPES
 

@@ -88,7 +88,8 @@ def test_feed_with_wrong_shape():
     with gf.Graph() as g:
         x = gf.placeholder("x", (None, 3, 8, 8))
         y = gf.relu(x)
-    with pytest.raises(gf.ShapeError, match=re.escape("fed shape (2, 3, 8), expected (N, 3, 8, 8)")):
+    expected = re.escape("fed shape (2, 3, 8), expected (N, 3, 8, 8)")
+    with pytest.raises(gf.ShapeError, match=expected):
         gf.Session(g).run(y, {x: np.zeros((2, 3, 8), np.float32)})
 
 

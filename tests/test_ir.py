@@ -25,7 +25,7 @@ def test_names_are_unique_stable_and_scoped():
 
 
 def test_device_scope_and_source_line_are_recorded():
-    with gf.Graph() as g:
+    with gf.Graph():
         x = gf.placeholder("x", (2,))
         with gf.device("worker:1"):
             y = gf.exp(x)  # this line is recorded

@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+
+import graphflow as gf
 from graphflow.ops.loss import mse, softmax_cross_entropy
 from graphflow.ops.norm import lrn
 from graphflow.ops.pool import avg_pool2d, max_pool2d
-
-import graphflow as gf
 
 
 def _xent_graph():

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-from graphflow.ops.registry import REGISTRY, apply
 
 import graphflow as gf
+from graphflow.ops.registry import REGISTRY, apply
 from tests.cases import OpCase, all_cases
 
 CASES = all_cases()

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-from graphflow.ops.matmul import matmul
-from graphflow.ops.reduce import reduce_sum
 
 import graphflow as gf
+from graphflow.ops.matmul import matmul
+from graphflow.ops.reduce import reduce_sum
 
 torch = pytest.importorskip("torch", reason="torch is only a cross-check peer, not a dependency")
 

@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+
+import graphflow as gf
 from graphflow.ops.loss import log_softmax, softmax_cross_entropy
 from graphflow.ops.norm import lrn
 from graphflow.ops.pool import avg_pool2d, max_pool2d
-
-import graphflow as gf
 
 torch = pytest.importorskip("torch", reason="PyTorch is only a cross-check peer, not a dependency")
 F = torch.nn.functional
