@@ -17,14 +17,12 @@ from numba import njit
 
 from graphflow.errors import ShapeError
 from graphflow.ir import Node
+from graphflow.ops.blas import NT, TR, gemm
 from graphflow.ops.local import (
-    NT,
-    TR,
     add_run,
     as_pair,
     copy_run,
     expect_known,
-    gemm,
     geometry,
     out_size,
     pair,

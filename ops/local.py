@@ -19,11 +19,10 @@ from typing import Any
 
 import numpy as np
 from numba import njit
-from numba.extending import overload
-from numba.np.linalg import _BLAS, ensure_blas, get_blas_kind
 
 from graphflow.errors import ShapeError
 from graphflow.ir import Node, Shape
+from graphflow.ops.blas import NT, TR, gemm
 from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
 
 Grads = Sequence[Node | None]
@@ -35,29 +34,6 @@ Grads = Sequence[Node | None]
 # "direct" mode makes one gemm per patch row straight from / into the input rows (no patch
 # copy at all: best when a row, kw * C values, is long); otherwise the patch is gathered into a
 # (K, N) buffer and one gemm covers the location.
-
-def gemm(ta: int, tb: int, m: int, n: int, k: int, a: np.ndarray, lda: int, b: np.ndarray,
-         ldb: int, beta: np.ndarray, c: np.ndarray, ldc: int) -> None:
-    """Row-major c[:m, :n] = op(a) @ op(b) + beta * c on flat arrays (jitted code only)."""
-    raise NotImplementedError("gemm is only callable from jitted kernels")
-
-
-@overload(gemm, jit_options={"cache": True, "nogil": True})
-def _gemm_impl(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):  # noqa: ANN001, ANN202
-    ensure_blas()
-    xxgemm = _BLAS().numba_xxgemm(a.dtype)
-    kind = ord(get_blas_kind(a.dtype, "gemm"))
-
-    def impl(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):  # noqa: ANN001, ANN202
-        # BLAS is column-major: row-major C = A B is column-major C^T = B^T A^T.
-        one = np.ones(1, c.dtype)
-        xxgemm(kind, tb, ta, n, m, k, one.ctypes, b.ctypes, ldb, a.ctypes, lda, beta.ctypes,
-               c.ctypes, ldc)
-    return impl
-
-
-NT, TR = ord("n"), ord("t")
-
 
 @njit(cache=True, nogil=True, inline="always")
 def copy_run(dst: np.ndarray, d: int, src: np.ndarray, s: int, n: int, step: int) -> None:

@@ -1,95 +1,44 @@
 """Matrix multiply: matmul(a, b) = op(a) @ op(b), op = identity or transpose (attrs transpose_a/b).
 
-Two BLAS routes, picked per transpose pattern by measurement (64 x 2560 x 8192 float32, one
-thread): OpenBLAS 0.3.31 bundled with NumPy is ~20% faster than SciPy's 0.3.30 (which numba's
-`np.dot` calls) on a @ b and as fast on a @ b.T, while SciPy's is ~10% faster on a.T @ b (the
-weight gradient). So a @ op(b) calls NumPy's `cblas_?gemm` through an external symbol, and
-a.T @ op(b) (and everything when that library is not found) calls `np.dot` inside njit on
-transposed views, which BLAS reads in place (F-contiguous operands are not copied).
+The kernel calls BLAS gemm with transpose flags, so transposed operands are never copied.
 """
 
 from __future__ import annotations
 
-import glob
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from numba import njit, types
+from numba import njit
 
 from graphflow.errors import ShapeError
 from graphflow.ir import Node
+from graphflow.ops.blas import NT, TR, gemm
 from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
 
 Grads = Sequence[Node | None]
 
 
 @njit(cache=True, nogil=True)
-def dot_kernel(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """out = a @ b; a and b may be C- or F-contiguous (transposed views), out is C-contiguous."""
-    np.dot(a, b, out)
-
-
-def _load_numpy_cblas() -> tuple[Any, Any] | None:
-    """NumPy's bundled OpenBLAS cblas_sgemm / cblas_dgemm (ILP64) as numba external functions."""
-    site = os.path.dirname(os.path.dirname(np.__file__))
-    libs = sorted(glob.glob(os.path.join(site, "numpy.libs", "libscipy_openblas64_*.so")))
-    if not libs:
-        return None
-    try:
-        from llvmlite import binding
-
-        binding.load_library_permanently(libs[0])
-        if not binding.address_of_symbol("scipy_cblas_sgemm64_"):
-            return None
-    except (OSError, RuntimeError):
-        return None
-    i32, i64, p = types.int32, types.int64, types.voidptr
-    funcs = []
-    for name, f in (("scipy_cblas_sgemm64_", types.float32),
-                    ("scipy_cblas_dgemm64_", types.float64)):
-        sig = types.void(i32, i32, i32, i64, i64, i64, f, p, i64, p, i64, f, p, i64)
-        funcs.append(types.ExternalFunction(name, sig))
-    return funcs[0], funcs[1]
-
-
-_CBLAS = _load_numpy_cblas()
-
-if _CBLAS is not None:
-    _sgemm, _dgemm = _CBLAS
-
-    @njit(cache=True, nogil=True)
-    def sgemm_kernel(a: np.ndarray, b: np.ndarray, out: np.ndarray, ta: bool, tb: bool) -> None:
-        """out = op(a) @ op(b) for C-contiguous float32 (row-major cblas_sgemm)."""
-        m, n = out.shape
-        k = a.shape[0] if ta else a.shape[1]
-        _sgemm(101, 112 if ta else 111, 112 if tb else 111, m, n, k, np.float32(1.0), a.ctypes,
-               max(a.shape[1], 1), b.ctypes, max(b.shape[1], 1), np.float32(0.0), out.ctypes,
-               max(n, 1))
-
-    @njit(cache=True, nogil=True)
-    def dgemm_kernel(a: np.ndarray, b: np.ndarray, out: np.ndarray, ta: bool, tb: bool) -> None:
-        """out = op(a) @ op(b) for C-contiguous float64 (row-major cblas_dgemm)."""
-        m, n = out.shape
-        k = a.shape[0] if ta else a.shape[1]
-        _dgemm(101, 112 if ta else 111, 112 if tb else 111, m, n, k, 1.0, a.ctypes,
-               max(a.shape[1], 1), b.ctypes, max(b.shape[1], 1), 0.0, out.ctypes, max(n, 1))
+def matmul_kernel(a: np.ndarray, lda: int, b: np.ndarray, ldb: int, out: np.ndarray, m: int,
+                  n: int, k: int, ta: bool, tb: bool) -> None:
+    """Flat row-major out (m, n) = op(a) @ op(b)."""
+    zero = np.zeros(1, out.dtype)
+    gemm(TR if ta else NT, TR if tb else NT, m, n, k, a, lda, b, ldb, zero, out, n)
 
 
 def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool = False,
                 transpose_b: bool = False) -> np.ndarray:
-    """out[...] = op(a) @ op(b) for C-contiguous a, b, out of one float dtype."""
+    """out[...] = op(a) @ op(b) for C-contiguous 2-D a, b, out of one float dtype."""
+    m, n = out.shape
+    k = a.shape[0] if transpose_a else a.shape[1]
     if out.size == 0:
         return out
-    if a.shape[int(not transpose_a)] == 0:
+    if k == 0:
         out.fill(0)
         return out
-    if _CBLAS is not None and not transpose_a:
-        kernel = sgemm_kernel if out.dtype == np.float32 else dgemm_kernel
-        kernel(a, b, out, False, transpose_b)
-    else:
-        dot_kernel(a.T if transpose_a else a, b.T if transpose_b else b, out)
+    matmul_kernel(a.reshape(-1), a.shape[1], b.reshape(-1), b.shape[1], out.reshape(-1), m, n, k,
+                  transpose_a, transpose_b)
     return out
 
 

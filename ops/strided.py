@@ -67,8 +67,30 @@ def _f(code: int, a: float, b: float, c: float) -> float:
 
 @njit(cache=True, nogil=True)
 def map_flat(code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.ndarray) -> None:
-    for i in range(out.size):
-        out[i] = _f(code, a[i], b[i], c[i])
+    """Contiguous same-shape operands. The hot codes get a loop of their own (branch-free, so
+    LLVM vectorises it); the rest share the per-element dispatch."""
+    n = out.size
+    if code == ADD:
+        for i in range(n):
+            out[i] = a[i] + b[i]
+    elif code == SUB:
+        for i in range(n):
+            out[i] = a[i] - b[i]
+    elif code == MUL:
+        for i in range(n):
+            out[i] = a[i] * b[i]
+    elif code == RELU:
+        for i in range(n):
+            out[i] = a[i] * (a[i] > 0)
+    elif code == RELU_GRAD:
+        for i in range(n):
+            out[i] = b[i] * (a[i] > 0)
+    elif code == SIGMOID_GRAD:
+        for i in range(n):
+            out[i] = b[i] * a[i] * (1 - a[i])
+    else:
+        for i in range(n):
+            out[i] = _f(code, a[i], b[i], c[i])
 
 
 @njit(cache=True, nogil=True)
