@@ -26,6 +26,13 @@ LAYOUT = "(N, C, H, W)"
 
 # -- kernels -----------------------------------------------------------------------------------
 
+@njit(cache=True, nogil=True, inline="always")
+def _span(o: int, stride: int, pad: int, k: int, size: int) -> tuple[int, int]:
+    """The input range [lo, hi) under output index o's window, clipped to the input."""
+    lo = o * stride - pad
+    return max(lo, 0), min(lo + k, size)
+
+
 @njit(cache=True, nogil=True)
 def _max_pool_kernel(x: np.ndarray, out: np.ndarray, kh: int, kw: int, sh: int, sw: int,
                      ph: int, pw: int) -> None:
@@ -34,13 +41,9 @@ def _max_pool_kernel(x: np.ndarray, out: np.ndarray, kh: int, kw: int, sh: int, 
     for n in range(n_):
         for c in range(c_):
             for oh in range(ho_):
-                i0 = oh * sh - ph
-                i1 = min(i0 + kh, h_)
-                i0 = max(i0, 0)
+                i0, i1 = _span(oh, sh, ph, kh, h_)
                 for ow in range(wo_):
-                    j0 = ow * sw - pw
-                    j1 = min(j0 + kw, w_)
-                    j0 = max(j0, 0)
+                    j0, j1 = _span(ow, sw, pw, kw, w_)
                     best = -np.inf
                     for i in range(i0, i1):
                         for j in range(j0, j1):
@@ -58,13 +61,9 @@ def _max_pool_grad_kernel(x: np.ndarray, dy: np.ndarray, dx: np.ndarray, kh: int
     for n in range(n_):
         for c in range(c_):
             for oh in range(ho_):
-                i0 = oh * sh - ph
-                i1 = min(i0 + kh, h_)
-                i0 = max(i0, 0)
+                i0, i1 = _span(oh, sh, ph, kh, h_)
                 for ow in range(wo_):
-                    j0 = ow * sw - pw
-                    j1 = min(j0 + kw, w_)
-                    j0 = max(j0, 0)
+                    j0, j1 = _span(ow, sw, pw, kw, w_)
                     best = -np.inf
                     bi, bj = i0, j0
                     for i in range(i0, i1):
@@ -84,13 +83,9 @@ def _avg_pool_kernel(x: np.ndarray, out: np.ndarray, kh: int, kw: int, sh: int, 
     for n in range(n_):
         for c in range(c_):
             for oh in range(ho_):
-                i0 = oh * sh - ph
-                i1 = min(i0 + kh, h_)
-                i0 = max(i0, 0)
+                i0, i1 = _span(oh, sh, ph, kh, h_)
                 for ow in range(wo_):
-                    j0 = ow * sw - pw
-                    j1 = min(j0 + kw, w_)
-                    j0 = max(j0, 0)
+                    j0, j1 = _span(ow, sw, pw, kw, w_)
                     acc = 0.0
                     for i in range(i0, i1):
                         for j in range(j0, j1):
@@ -108,13 +103,9 @@ def _avg_pool_grad_kernel(dy: np.ndarray, dx: np.ndarray, kh: int, kw: int, sh: 
     for n in range(n_):
         for c in range(c_):
             for oh in range(ho_):
-                i0 = oh * sh - ph
-                i1 = min(i0 + kh, h_)
-                i0 = max(i0, 0)
+                i0, i1 = _span(oh, sh, ph, kh, h_)
                 for ow in range(wo_):
-                    j0 = ow * sw - pw
-                    j1 = min(j0 + kw, w_)
-                    j0 = max(j0, 0)
+                    j0, j1 = _span(ow, sw, pw, kw, w_)
                     g = dy[n, c, oh, ow] * scale
                     for i in range(i0, i1):
                         for j in range(j0, j1):

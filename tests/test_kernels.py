@@ -21,5 +21,5 @@ def test_every_kernel_is_nogil_and_cached():
     found = dict(_dispatchers())
     assert len(found) > 20
     bad = [name for name, d in found.items()
-           if not d.targetoptions.get("nogil") or not d._cache.__class__.__name__ == "FunctionCache"]
+           if not d.targetoptions.get("nogil") or type(d._cache).__name__ != "FunctionCache"]
     assert not bad, f"kernels without nogil=True or cache=True: {bad}"
