@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -127,6 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (GraphflowError, ValueError, ImportError) as e:
         print(f"graphflow {args.command}: error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # e.g. `graphflow show lc-large | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -27,6 +27,11 @@ _PACKAGE_DIRS = tuple(
 _local = threading.local()
 
 
+def format_shape(shape: Shape) -> str:
+    """`[N, 3, 64, 64]`: N stands for the symbolic batch dimension."""
+    return "[" + ", ".join("N" if d is None else str(d) for d in shape) + "]"
+
+
 def user_source_line() -> str:
     """file:line of the innermost stack frame outside graphflow: where the user created a node."""
     frame = sys._getframe(1)
@@ -60,8 +65,7 @@ class Node:
         return len(self.shape)
 
     def __repr__(self) -> str:
-        dims = ", ".join("N" if d is None else str(d) for d in self.shape)
-        return f"<{self.name}: {self.op} {self.dtype}[{dims}]>"
+        return f"<{self.name}: {self.op} {self.dtype}{format_shape(self.shape)}>"
 
 
 class Graph:
@@ -235,9 +239,11 @@ class Graph:
         lines = []
         for n in self.nodes:
             args = ", ".join(x.name for x in n.inputs)
-            attrs = ", ".join(f"{k}={v}" for k, v in n.attrs.items() if k != "value")
+            shown = {k: v for k, v in n.attrs.items() if k not in ("value", "shape", "dtype")
+                     or n.op not in ("placeholder", "parameter", "constant")}
+            attrs = ", ".join(f"{k}={v}" for k, v in shown.items())
             dev = f" @{n.device}" if n.device else ""
-            lines.append(f"{n.name}: {n.dtype}{list(n.shape)} = {n.op}({args})"
+            lines.append(f"{n.name}: {n.dtype}{format_shape(n.shape)} = {n.op}({args})"
                          + (f" {{{attrs}}}" if attrs else "") + dev)
         return "\n".join(lines)
 
