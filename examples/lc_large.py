@@ -12,5 +12,5 @@ for p in params:
     print(f"  {p.name:8s} {p.shape}")
 
 data = gf.datasets.synthetic((3, 64, 64), classes=10, n=256)
-trainer = gf.Trainer(model, gf.optim.SGD(0.01))
+trainer = gf.Trainer(model, gf.optim.SGD(0.002))
 trainer.fit(gf.datasets.batches(data.x_train, data.y_train, 64), steps=5)
