@@ -53,7 +53,8 @@ def gradients(loss: Node, wrt: Sequence[Node], dy: Node | None = None) -> dict[s
         for node in reversed(forward):
             if node not in needs or node not in partials:
                 continue
-            dy = _sum(partials.pop(node), node)
+            with _scoped(graph, node):
+                dy = _sum(partials.pop(node))
             done[node] = dy
             if node.op in ("parameter", "placeholder", "constant"):
                 continue
@@ -70,7 +71,7 @@ def gradients(loss: Node, wrt: Sequence[Node], dy: Node | None = None) -> dict[s
     return {w.name: done[w] for w in wrt}
 
 
-def _sum(terms: list[Node], node: Node) -> Node:
+def _sum(terms: list[Node]) -> Node:
     """Sum a node's gradient contributions (it had several users)."""
     total = terms[0]
     for t in terms[1:]:

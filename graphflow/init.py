@@ -56,7 +56,15 @@ INITIALIZERS: dict[str, Initializer] = {
 
 
 def initial_value(name: str, attrs: dict[str, Any], graph_seed: int) -> np.ndarray:
-    """The initial value of parameter `name` (attrs: shape, dtype, init and its options)."""
+    """The initial value of parameter `name` (attrs: shape, dtype, init and its options).
+
+    A block of a partitioned parameter (attr `block`, see `block_of`) gets its slice of the
+    whole parameter's value, so a partitioned model starts exactly where the whole one does.
+    """
+    if "block" in attrs:
+        spec = attrs["block"]
+        whole = initial_value(spec["of"], spec["attrs"], graph_seed)
+        return np.ascontiguousarray(block_of(whole, spec))
     init = attrs.get("init", "glorot_uniform")
     if init not in INITIALIZERS:
         raise GraphError(f"parameter '{name}': unknown initializer '{init}', known: "
@@ -64,3 +72,22 @@ def initial_value(name: str, attrs: dict[str, Any], graph_seed: int) -> np.ndarr
     seed = (zlib.crc32(name.encode()) + 1_000_003 * graph_seed) % 2**32
     value = INITIALIZERS[init](np.random.default_rng(seed), tuple(attrs["shape"]), attrs)
     return np.ascontiguousarray(value, dtype=attrs["dtype"])
+
+
+def block_of(whole: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
+    """The block `spec` ({view, axis, lo, hi, shape}) of a whole parameter's value."""
+    index = [slice(None)] * len(spec["view"])
+    index[spec["axis"]] = slice(spec["lo"], spec["hi"])
+    return whole.reshape(spec["view"])[tuple(index)].reshape(spec["shape"])
+
+
+def assemble_blocks(shape: tuple[int, ...], blocks: list[tuple[dict[str, Any], np.ndarray]],
+                    dtype: str = "float32") -> np.ndarray:
+    """The whole parameter (or gradient) of `shape` from its (spec, value) blocks."""
+    whole = np.zeros(shape, dtype)
+    for spec, value in blocks:
+        index = [slice(None)] * len(spec["view"])
+        index[spec["axis"]] = slice(spec["lo"], spec["hi"])
+        whole.reshape(spec["view"])[tuple(index)] = value.reshape(
+            whole.reshape(spec["view"])[tuple(index)].shape)
+    return whole

@@ -148,6 +148,19 @@ class Graph:
         self._by_name[full] = node
         return node
 
+    def insert(self, op: str, name: str, inputs: Sequence[Node], attrs: dict[str, Any],
+               shape: Shape, dtype: str, device: str | None = None,
+               source: str = "<unknown>") -> Node:
+        """Add a node whose shape and dtype are already known (passes that copy or rewrite
+        nodes use this; the DSL uses `add`). Call validate() after a batch of inserts."""
+        if name in self._by_name:
+            raise GraphError(f"{op} '{name}' ({source}): name already used in this graph")
+        node = Node(op, name, tuple(inputs), dict(attrs), tuple(shape), dtype, device, source,
+                    self)
+        self.nodes.append(node)
+        self._by_name[name] = node
+        return node
+
     # -- reading ------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> Node:
         try:

@@ -1,6 +1,7 @@
 """The op library (installed as graphflow.ops): one registry, kernels grouped by family."""
 
 from graphflow.ops import (  # noqa: F401  (importing a family registers its ops)
+    comm,
     conv,
     elementwise,
     local,

@@ -1,0 +1,137 @@
+"""A Plan: the partitioned graph as data. It prints, saves to JSON and loads back.
+
+Per worker: its subgraph (with send/recv nodes), FLOPs, parameter bytes, bytes in and out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from math import prod
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphflow.ir import Graph, Shape
+from graphflow.ops.registry import concrete, node_cost
+from graphflow.serialize import graph_from_dict, graph_to_dict
+
+FORMAT = "graphflow.plan/1"
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One tensor crossing from worker src to worker dst each step."""
+
+    key: str
+    tensor: str
+    src: int
+    dst: int
+    shape: Shape
+    dtype: str
+
+    def nbytes(self, batch: int) -> int:
+        return prod(concrete(self.shape, batch)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class WorkerPlan:
+    index: int
+    graph: Graph
+
+    def parameters(self) -> list[str]:
+        return [n.name for n in self.graph.nodes if n.op == "parameter"]
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    index: int
+    nodes: int
+    sends: int
+    recvs: int
+    flops: float
+    param_bytes: int
+    bytes_in: int
+    bytes_out: int
+
+
+@dataclass
+class Plan:
+    """The output of a partitioner: the whole graph, the placement and one WorkerPlan each."""
+
+    strategy: str
+    graph: Graph
+    placement: dict[str, int]
+    workers: list[WorkerPlan]
+    transfers: list[Transfer]
+    loss: str | None = None  # the loss node's name, when the plan trains
+    grads: dict[str, str] = field(default_factory=dict)  # parameter -> its gradient node
+
+    @property
+    def parts(self) -> int:
+        return len(self.workers)
+
+    def worker_of(self, name: str) -> int:
+        if name not in self.placement:
+            raise KeyError(f"no node named '{name}' in the plan")
+        return self.placement[name]
+
+    def stats(self, batch: int) -> list[WorkerStats]:
+        out = []
+        for w in self.workers:
+            nodes = [n for n in w.graph.nodes if n.op not in ("send", "recv")]
+            flops = sum(node_cost(n, batch).flops for n in nodes)
+            params = sum(prod(n.shape) * np.dtype(n.dtype).itemsize
+                         for n in nodes if n.op == "parameter")
+            out.append(WorkerStats(
+                w.index, len(nodes),
+                sum(t.src == w.index for t in self.transfers),
+                sum(t.dst == w.index for t in self.transfers), flops, params,
+                sum(t.nbytes(batch) for t in self.transfers if t.dst == w.index),
+                sum(t.nbytes(batch) for t in self.transfers if t.src == w.index)))
+        return out
+
+    def report(self, batch: int = 64) -> str:
+        """A table per worker: nodes, sends, receives, GFLOPs, parameter MB, MB in / out."""
+        lines = [f"plan: {self.strategy}, {self.parts} worker(s), batch {batch}, "
+                 f"{len(self.transfers)} transfers of "
+                 f"{sum(t.nbytes(batch) for t in self.transfers) / 1e6:.2f} MB per step",
+                 f"{'worker':>6} {'nodes':>6} {'sends':>6} {'recvs':>6} {'GFLOP':>8} "
+                 f"{'params MB':>10} {'in MB':>8} {'out MB':>8}"]
+        for s in self.stats(batch):
+            lines.append(f"{s.index:>6} {s.nodes:>6} {s.sends:>6} {s.recvs:>6} "
+                         f"{s.flops / 1e9:>8.3f} {s.param_bytes / 1e6:>10.2f} "
+                         f"{s.bytes_in / 1e6:>8.2f} {s.bytes_out / 1e6:>8.2f}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.report()
+
+    # -- as data ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "strategy": self.strategy, "graph": graph_to_dict(self.graph),
+                "placement": self.placement,
+                "workers": [graph_to_dict(w.graph) for w in self.workers],
+                "transfers": [{"key": t.key, "tensor": t.tensor, "src": t.src, "dst": t.dst,
+                               "shape": list(t.shape), "dtype": t.dtype}
+                              for t in self.transfers],
+                "loss": self.loss, "grads": self.grads}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"not a graphflow plan (format {data.get('format')!r})")
+        transfers = [Transfer(t["key"], t["tensor"], t["src"], t["dst"], tuple(t["shape"]),
+                              t["dtype"]) for t in data["transfers"]]
+        workers = [WorkerPlan(i, graph_from_dict(g)) for i, g in enumerate(data["workers"])]
+        return cls(data["strategy"], graph_from_dict(data["graph"]),
+                   {k: int(v) for k, v in data["placement"].items()}, workers, transfers,
+                   data.get("loss"), data.get("grads", {}))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        return cls.from_dict(json.loads(Path(path).read_text()))

@@ -1,0 +1,326 @@
+"""DistBelief's spatial partitioning: each locally connected layer is split into k blocks of
+output rows, one per worker, and only the receptive-field halo crosses a boundary.
+
+The strategy rewrites the forward graph and marks every node's worker (`node.device`); the
+backward pass is then derived from the rewritten graph, so each gradient node runs where its
+forward node runs. Per worker:
+
+- local2d: its rows of the output and only those rows' weights (a block parameter: parameter
+  memory per worker falls as 1/k); its input rows are its own block plus the halo rows sliced
+  from its neighbours' blocks;
+- the ops around it (transposes, elementwise, bias adds) run per block; a bias is split too;
+- dense on row-split features (flatten then matmul): each worker multiplies its own features by
+  its rows of W and the partial products are summed (only N x units values cross);
+- dense on whole inputs: split by output units, the input gathered on every worker (this is
+  why fully connected layers scale worse);
+- any other op gathers its inputs on worker 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from graphflow.dsl import device
+from graphflow.ir import Graph, Node
+from graphflow.ops.registry import apply
+
+UNARY = {"relu", "sigmoid", "tanh", "exp", "log", "neg", "sqrt", "square"}
+WINDOWED = {"local2d": 0, "conv2d": 2, "max_pool2d": 2, "avg_pool2d": 2}  # op -> its row axis
+BINARY = {"add", "sub", "mul", "div", "maximum"}
+REPLICATED = {"placeholder", "constant"}
+
+
+@dataclass
+class Split:
+    """A tensor held as blocks along `axis`: block j, rows bounds[j], lives on worker j."""
+
+    axis: int
+    blocks: list[Node]
+    bounds: list[tuple[int, int]]
+
+
+@dataclass
+class Partial:
+    """A tensor that is the sum of per-worker partial results (block j on worker j)."""
+
+    blocks: list[Node]
+
+
+@dataclass
+class FlatSplit:
+    """flatten(x) of a row-split x: kept lazy so a following matmul can contract per block."""
+
+    source: Split
+    shape: tuple[int, ...]  # x's shape without the batch dim
+
+
+def row_bounds(size: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` balanced [lo, hi) blocks of `size` rows (sizes differ by at most one)."""
+    edges = np.linspace(0, size, parts + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
+def place(graph: Graph, parts: int, cost: object = None) -> tuple[Graph, dict[str, int]]:
+    """Rewrite a forward graph for `parts` workers; returns the new graph and its placement.
+
+    Gradients must not have been added yet: the caller derives them from the rewritten graph.
+    """
+    if any(n.name.startswith("grad/") for n in graph.nodes):
+        raise ValueError("spatial partitioning rewrites the forward graph: partition it before "
+                         "adding gradients (gf.partition(graph, loss=...) does both)")
+    out = Graph(graph.dtype, graph.seed)
+    rw = _Rewriter(graph, out, parts)
+    with out:
+        for n in graph.toposort():
+            rw.visit(n)
+    return out, {n.name: worker_index(n.device) for n in out.nodes}
+
+
+def worker_index(dev: str | None) -> int:
+    return 0 if dev is None else int(dev.split(":")[1])
+
+
+class _Rewriter:
+    def __init__(self, src: Graph, out: Graph, parts: int) -> None:
+        self.src, self.out, self.parts = src, out, parts
+        self.val: dict[Node, Node | Split | Partial | FlatSplit] = {}
+        self.users: dict[Node, int] = {n: 0 for n in src.nodes}
+        for n in src.nodes:
+            for x in n.inputs:
+                self.users[x] += 1
+
+    # -- building blocks ------------------------------------------------------------------------
+    def on(self, worker: int, op: str, *inputs: Node, name: str, **attrs: Any) -> Node:
+        with device(f"worker:{worker}"):
+            return apply(op, *inputs, name=name, **attrs)
+
+    def whole(self, n: Node, worker: int = 0) -> Node:
+        """The original node `n` as one tensor: gathered on `worker` if it is in blocks, and
+        created there if it is a parameter not used yet."""
+        v = self.val.get(n)
+        if v is None:  # a parameter is placed where it is first used whole
+            v = self.val[n] = self.copy(n, [], worker)
+        elif isinstance(v, FlatSplit):
+            v = self.val[n] = self.on(worker, "flatten", self.gather(v.source, n.name, worker),
+                                      name=f"{n.name}/gathered")
+        elif isinstance(v, Partial):
+            total = v.blocks[0]
+            for j, b in enumerate(v.blocks[1:], 1):
+                total = self.on(worker, "add", total, b, name=f"{n.name}/sum{j}")
+            v = self.val[n] = total
+        elif isinstance(v, Split):
+            v = self.val[n] = self.gather(v, n.name, worker)
+        return v
+
+    def gather(self, s: Split, name: str, worker: int) -> Node:
+        return self.on(worker, "concat", *s.blocks, name=f"{name}/gathered", axis=s.axis)
+
+    def block_param(self, p: Node, view: Sequence[int], axis: int, bounds: list[tuple[int, int]],
+                    shapes: list[tuple[int, ...]]) -> list[Node]:
+        """Split parameter `p` (viewed as `view`) along `axis`: block j on worker j."""
+        blocks = []
+        for j, ((lo, hi), shape) in enumerate(zip(bounds, shapes, strict=True)):
+            spec = {"of": p.name, "attrs": dict(p.attrs), "view": tuple(view), "axis": axis,
+                    "lo": lo, "hi": hi, "shape": tuple(shape)}
+            blocks.append(self.on(j, "parameter", name=f"{p.name}/part{j}", shape=tuple(shape),
+                                  dtype=p.dtype, init="block", block=spec))
+        return blocks
+
+    def copy(self, n: Node, inputs: list[Node], worker: int) -> Node:
+        return self.on(worker, n.op, *inputs, name=n.name, **n.attrs)
+
+    # -- the rules --------------------------------------------------------------------------------
+    def visit(self, n: Node) -> None:
+        if n.op == "parameter":
+            return  # made when first used: whole, or as blocks by the op that splits it
+        vals = [self.val.get(x) for x in n.inputs]
+        if self._windowed(n):
+            self.val[n] = self.windowed(n)
+        elif n.op == "matmul" and self.parts > 1 and self._splittable_matmul(n):
+            self.val[n] = self.matmul(n)
+        elif any(isinstance(v, Split) for v in vals) and self._blockwise(n):
+            self.val[n] = self.blockwise(n)
+        elif n.op == "flatten" and isinstance(vals[0], Split) and vals[0].axis >= 1:
+            self.val[n] = FlatSplit(vals[0], tuple(int(d) for d in n.inputs[0].shape[1:]))
+        elif n.op in REPLICATED:
+            self.val[n] = self.copy(n, [], 0)
+        else:
+            worker = next((worker_index(v.device) for v in vals
+                           if isinstance(v, Node) and v.op not in REPLICATED), 0)
+            self.val[n] = self.copy(n, [self.whole(x, worker) for x in n.inputs], worker)
+
+    def _blockwise(self, n: Node) -> bool:
+        if n.op in UNARY or n.op == "transpose":
+            return True
+        if n.op == "lrn":  # normalises across channels (axis 1) at each position
+            return self.val[n.inputs[0]].axis != 1
+        if n.op not in BINARY:
+            return False
+        splits = [v for x in n.inputs if isinstance(v := self.val.get(x), Split)]
+        return len(splits) == 1 or (splits[0].bounds == splits[1].bounds
+                                    and splits[0].axis == splits[1].axis)
+
+    def blockwise(self, n: Node) -> Split:
+        """Row-local ops: run once per block, on the block's worker."""
+        i, s = next((i, v) for i, x in enumerate(n.inputs)
+                    if isinstance(v := self.val.get(x), Split))
+        if n.op in ("transpose", "lrn"):
+            axis = list(n.attrs["axes"]).index(s.axis) if n.op == "transpose" else s.axis
+            blocks = [self.on(j, n.op, b, name=f"{n.name}/part{j}", **n.attrs)
+                      for j, b in enumerate(s.blocks)]
+            return Split(axis, blocks, s.bounds)
+        axis = s.axis + n.ndim - n.inputs[i].ndim  # broadcasting aligns dims on the right
+        per_input = [self.blocks_of(x, n.ndim, axis, s.bounds) for x in n.inputs]
+        blocks = [self.on(j, n.op, *(ins[j] for ins in per_input), name=f"{n.name}/part{j}",
+                          **n.attrs) for j in range(self.parts)]
+        return Split(axis, blocks, s.bounds)
+
+    def blocks_of(self, x: Node, out_ndim: int, axis: int,
+                  bounds: list[tuple[int, int]]) -> list[Node]:
+        """Input x of a blockwise op, cut to match output blocks along `axis`."""
+        v = self.val.get(x)
+        if isinstance(v, Split):
+            return v.blocks
+        xa = axis - (out_ndim - x.ndim)  # the same axis in x's own (right-aligned) dims
+        if xa < 0 or x.shape[xa] == 1:
+            whole = self.whole(x)
+            return [whole] * self.parts  # broadcast along the split axis: every block uses it
+        if x.op == "parameter" and self.users[x] == 1 and v is None:
+            shapes = [tuple(hi - lo if d == xa else s for d, s in enumerate(x.shape))
+                      for lo, hi in bounds]
+            return self.block_param(x, x.shape, xa, bounds, shapes)
+        whole = self.whole(x)
+        src = worker_index(whole.device)
+        return [self.on(src, "slice", whole, name=f"{x.name}/rows{j}",
+                        begin=tuple(lo if d == xa else 0 for d in range(x.ndim)),
+                        end=tuple(hi if d == xa else None for d in range(x.ndim)))
+                for j, (lo, hi) in enumerate(bounds)]
+
+    def windowed(self, n: Node) -> Split:
+        """Output rows split k ways; each block reads its input rows (its own block plus the
+        halo rows sliced from neighbours). local2d takes its rows of W; conv2d shares W."""
+        x = n.inputs[0]
+        axis = WINDOWED[n.op]
+        kh = n.inputs[1].shape[2] if n.op == "conv2d" else n.attrs["kernel"][0]
+        (sh, _), (ph, pw) = n.attrs["stride"], n.attrs["padding"]
+        oh, h = int(n.shape[axis]), int(x.shape[axis])
+        bounds = row_bounds(oh, self.parts)
+        if n.op == "local2d":
+            w = n.inputs[1]
+            weights = self.block_param(w, w.shape, 0, bounds,
+                                       [(hi - lo, *w.shape[1:]) for lo, hi in bounds])
+        blocks = []
+        for j, (lo, hi) in enumerate(bounds):
+            top, bottom = lo * sh - ph, (hi - 1) * sh - ph + kh  # may pass the edges
+            rows = self.input_rows(x, axis, max(top, 0), min(bottom, h), j, n.name)
+            if top < 0 or bottom > h:  # zero padding rows, only at the outer edges
+                pads = tuple((max(-top, 0), max(bottom - h, 0)) if d == axis else (0, 0)
+                             for d in range(x.ndim))
+                rows = self.on(j, "pad", rows, name=f"{n.name}/pad{j}", pads=pads)
+            ins = [rows]
+            if n.op == "local2d":
+                ins.append(weights[j])
+            elif n.op == "conv2d":
+                ins.append(self.whole(n.inputs[1], j))
+            blocks.append(self.on(j, n.op, *ins, name=f"{n.name}/part{j}",
+                                  **{**n.attrs, "padding": (0, pw)}))
+        return Split(axis, blocks, bounds)
+
+    def _windowed(self, n: Node) -> bool:
+        """Split a windowed op by rows unless it is max pooling over padding (its pad is -inf,
+        not zeros) or the input is split along another axis."""
+        if n.op not in WINDOWED or self.parts == 1 or int(n.shape[WINDOWED[n.op]]) < self.parts:
+            return False
+        if n.op == "max_pool2d" and n.attrs["padding"][0] > 0:
+            return False
+        v = self.val.get(n.inputs[0])
+        return not isinstance(v, Split | Partial | FlatSplit) or v.axis == WINDOWED[n.op]
+
+    def input_rows(self, x: Node, axis: int, lo: int, hi: int, worker: int, name: str) -> Node:
+        """Rows [lo, hi) along `axis` of x on `worker`: its own block plus halo slices of
+        the neighbouring blocks, or a slice of x when x is whole."""
+
+        def cut(node: Node, a: int, b: int, where: int, label: str) -> Node:
+            return self.on(where, "slice", node, name=f"{name}/{label}",
+                           begin=tuple(a if d == axis else 0 for d in range(x.ndim)),
+                           end=tuple(b if d == axis else None for d in range(x.ndim)))
+
+        v = self.val.get(x)
+        if not isinstance(v, Split):
+            whole = self.whole(x, worker)
+            if _replicable(whole):
+                return cut(self.replicate(whole, worker), lo, hi, worker, f"in{worker}")
+            return cut(whole, lo, hi, worker_index(whole.device), f"in{worker}")
+        pieces = []
+        for i, (blo, bhi) in enumerate(v.bounds):
+            a, b = max(lo, blo), min(hi, bhi)
+            if a < b:  # a halo, or a trimmed own block, is sliced where the block lives
+                whole_block = (a, b) == (blo, bhi)
+                pieces.append(v.blocks[i] if whole_block else
+                              cut(v.blocks[i], a - blo, b - blo, i, f"rows{i}to{worker}"))
+        if len(pieces) == 1:
+            return pieces[0]
+        return self.on(worker, "concat", *pieces, name=f"{name}/in{worker}", axis=axis)
+
+    def replicate(self, n: Node, worker: int) -> Node:
+        """A copy on `worker` of a node computed only from placeholders/constants (cheap, e.g.
+        the input's layout transpose), so the input itself never crosses."""
+        if n.op in REPLICATED or worker_index(n.device) == worker:
+            return n
+        name = f"{n.name}/on{worker}"
+        if name in self.out:
+            return self.out[name]
+        ins = [self.replicate(x, worker) for x in n.inputs]
+        return self.on(worker, n.op, *ins, name=name, **n.attrs)
+
+    def _splittable_matmul(self, n: Node) -> bool:
+        a, b = n.inputs
+        if n.attrs.get("transpose_a") or n.attrs.get("transpose_b") or b.op != "parameter":
+            return False
+        return isinstance(self.val.get(a), FlatSplit) or (
+            self.users[b] == 1 and b not in self.val and b.shape[1] >= 2 * self.parts)
+
+    def matmul(self, n: Node) -> Split | Partial:
+        a, w = n.inputs
+        v = self.val.get(a)
+        if isinstance(v, FlatSplit):  # contract each worker's features with its rows of W
+            c, hh, ww = v.shape
+            units = int(w.shape[1])
+            shapes = [(c * (hi - lo) * ww, units) for lo, hi in v.source.bounds]
+            axis = v.source.axis  # 2 (H) in NCHW
+            view = (c, hh, ww, units) if axis == 2 else None
+            if view is None:
+                self.val[a] = self.whole(a)
+                return self.by_units(n)
+            wb = self.block_param(w, view, 1, v.source.bounds, shapes)
+            blocks = [self.on(j, "matmul", self.on(j, "flatten", b, name=f"{a.name}/part{j}"),
+                              wb[j], name=f"{n.name}/part{j}")
+                      for j, b in enumerate(v.source.blocks)]
+            return Partial(blocks)
+        return self.by_units(n)
+
+    def by_units(self, n: Node) -> Split:
+        """Dense split by output units: W's columns per worker, the input gathered on all."""
+        a, w = n.inputs
+        x = self.whole(a)
+        bounds = row_bounds(int(w.shape[1]), self.parts)
+        wb = self.block_param(w, w.shape, 1, bounds, [(w.shape[0], hi - lo) for lo, hi in bounds])
+        blocks = [self.on(j, "matmul", self.replicate(x, j) if _replicable(x) else x, wb[j],
+                          name=f"{n.name}/part{j}") for j in range(self.parts)]
+        return Split(1, blocks, bounds)
+
+
+def _replicable(n: Node) -> bool:
+    """True for nodes computed only from placeholders and constants by cheap row-local ops."""
+    if n.op in REPLICATED:
+        return True
+    return n.op in UNARY | {"transpose"} and all(_replicable(x) for x in n.inputs)
+
+
+def param_bytes(graph: Graph) -> int:
+    return sum(prod(n.shape) * np.dtype(n.dtype).itemsize for n in graph.parameters())

@@ -1,0 +1,106 @@
+"""Spatial partitioning: the rewritten graph computes the same loss and gradients, weights are
+split 1/k per worker, and only the receptive-field halo crosses."""
+
+from collections import Counter
+from math import prod
+
+import numpy as np
+import pytest
+
+import graphflow as gf
+from graphflow.init import assemble_blocks
+from graphflow.partitioners import partition
+from graphflow.partitioners.spatial import row_bounds
+
+WORKLOADS = {"lc-large": (gf.models.lc_large, (3, 64, 64)),
+             "digits-lc": (gf.models.digits_lc, (1, 32, 32)),
+             "speech-mlp": (gf.models.speech_mlp, (440,))}
+
+
+def reference(build, x, y):
+    m = build(batch=None)
+    grads = gf.gradients(m.loss, m.graph.parameters())
+    values = gf.Session(m.graph).run([m.loss] + list(grads.values()), {m.x: x, m.y: y})
+    return m, values[0], dict(zip(grads, values[1:]))
+
+
+def whole_gradients(plan, values):
+    """Gradients by original parameter name, assembling spatial blocks."""
+    g = plan.graph
+    out, blocks = {}, {}
+    for name, v in values.items():
+        spec = g[name].attrs.get("block")
+        if spec is None:
+            out[name] = v
+        else:
+            blocks.setdefault(spec["of"], []).append((spec, v))
+    for name, parts in blocks.items():
+        shape = parts[0][0]["attrs"]["shape"]
+        out[name] = assemble_blocks(tuple(shape), parts)
+    return out
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_rewritten_graph_matches_single_process(workload, parts):
+    build, shape = WORKLOADS[workload]
+    rng = np.random.default_rng(parts)
+    x = rng.standard_normal((3, *shape)).astype(np.float32)
+    y = rng.integers(0, 10, 3).astype(np.int32)
+    model, loss, grads = reference(build, x, y)
+    plan = partition(build(batch=None).graph, parts, "spatial", loss=model.loss)
+    g = plan.graph
+    names = list(plan.grads)
+    values = gf.Session(g).run([g[plan.loss]] + [g[plan.grads[n]] for n in names],
+                               {"x": x, "y": y})
+    assert abs(values[0] - loss) <= 1e-5 * abs(loss)
+    got = whole_gradients(plan, dict(zip(names, values[1:])))
+    assert set(got) == set(grads)
+    for name, want in grads.items():
+        scale = np.abs(want).max() + 1e-12
+        assert np.abs(got[name] - want).max() <= 1e-5 * scale, name
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+def test_local2d_weights_fall_as_one_over_k(parts):
+    model = gf.models.lc_large()
+    plan = partition(model.graph, parts, "spatial", loss=model.loss)
+    whole = prod(model.graph["lc2/W"].shape)
+    blocks = [n for n in plan.graph.parameters() if n.name.startswith("lc2/W/part")]
+    assert len(blocks) == parts
+    assert {plan.worker_of(b.name) for b in blocks} == set(range(parts))
+    assert sum(prod(b.shape) for b in blocks) == whole
+    assert max(prod(b.shape) for b in blocks) <= np.ceil(13 / parts) / 13 * whole
+
+
+@pytest.mark.parametrize("parts", [2, 3, 4])
+def test_only_the_halo_crosses_for_a_split_local2d(parts):
+    batch = 64
+    model = gf.models.lc_large(batch=batch)
+    plan = partition(model.graph, parts, "spatial", loss=model.loss)
+    # lc2 reads lc1's output rows (29 of them, split like lc1's output) with a 5x5 window,
+    # stride 2: block j of lc2's 13 output rows needs input rows [2 lo, 2 (hi - 1) + 5).
+    in_blocks, out_blocks = row_bounds(29, parts), row_bounds(13, parts)
+    halo_rows = 0
+    for j, (lo, hi) in enumerate(out_blocks):
+        need = set(range(2 * lo, 2 * (hi - 1) + 5))
+        halo_rows += len(need - set(range(*in_blocks[j])))
+    row_bytes = 29 * 32 * batch * 4  # one row of the (H, W, C, N) float32 input
+    forward = [t for t in plan.transfers if t.tensor.startswith("lc2/local2d/rows")]
+    # their gradients come back from the consumer (the gradient of its input concat)
+    backward = [t for t in plan.transfers if t.tensor.startswith("grad/lc2/local2d/in")]
+    assert sum(t.nbytes(batch) for t in forward) == halo_rows * row_bytes
+    assert sum(t.nbytes(batch) for t in backward) == halo_rows * row_bytes
+    # lc1 reads the (replicated) input: nothing of it crosses
+    assert not [t for t in plan.transfers if t.tensor.startswith(("x", "lc1/transpose"))]
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_each_tensor_is_sent_at_most_once_per_destination(workload):
+    model = WORKLOADS[workload][0]()
+    plan = partition(model.graph, 3, "spatial", loss=model.loss)
+    counts = Counter((t.tensor, t.dst) for t in plan.transfers)
+    assert counts and max(counts.values()) == 1
+    for w in plan.workers:
+        keys = [n.attrs["key"] for n in w.graph.nodes if n.op == "recv"]
+        assert len(keys) == len(set(keys))
