@@ -150,3 +150,15 @@ def normalize_axes(axes: int | Sequence[int] | None, ndim: int) -> tuple[int, ..
             raise ShapeError(f"axis {a} is out of range for {ndim} dims")
         out.append(a % ndim)
     return tuple(sorted(set(out)))
+
+
+def concrete(shape: Shape, batch: int) -> tuple[int, ...]:
+    """`shape` with the symbolic batch dimension (None) set to `batch`."""
+    return tuple(batch if d is None else int(d) for d in shape)
+
+
+def node_cost(node: Node, batch: int) -> Cost:
+    """FLOPs and bytes of one application of `node` at batch size `batch`."""
+    ins = [concrete(x.shape, batch) for x in node.inputs]
+    itemsize = np.dtype(node.dtype).itemsize
+    return REGISTRY[node.op].cost(ins, concrete(node.shape, batch), node.attrs, itemsize)
