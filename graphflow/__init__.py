@@ -46,14 +46,17 @@ from graphflow.ops.norm import lrn
 from graphflow.ops.pool import avg_pool2d, max_pool2d
 from graphflow.ops.reduce import reduce_max, reduce_mean, reduce_sum
 from graphflow.ops.shape import concat, flatten, pad, reshape, slice_, transpose
+from graphflow.partitioners import Plan, partition
+from graphflow.runtime import Cluster
 from graphflow.train import Trainer
 
 __all__ = [
-    "CycleError", "DTypeError", "Graph", "GraphError", "GraphflowError", "MissingFeedError",
-    "Node", "NonFiniteError", "Session", "ShapeError", "Trainer", "UnknownOpError", "add",
-    "avg_pool2d", "concat", "constant", "datasets", "device", "div", "exp", "flatten",
-    "gradients", "layers", "log", "log_softmax", "lrn", "matmul", "max_pool2d", "maximum",
-    "models", "mse", "mul", "name_scope", "neg", "optim", "pad", "parameter", "placeholder",
-    "reduce_max", "reduce_mean", "reduce_sum", "relu", "reshape", "sigmoid", "slice_",
-    "softmax", "softmax_cross_entropy", "sqrt", "square", "sub", "tanh", "transpose",
+    "Cluster", "CycleError", "DTypeError", "Graph", "GraphError", "GraphflowError",
+    "MissingFeedError", "Node", "NonFiniteError", "Plan", "Session", "ShapeError", "Trainer",
+    "UnknownOpError", "add", "avg_pool2d", "concat", "constant", "datasets", "device", "div",
+    "exp", "flatten", "gradients", "layers", "log", "log_softmax", "lrn", "matmul",
+    "max_pool2d", "maximum", "models", "mse", "mul", "name_scope", "neg", "optim", "pad",
+    "parameter", "partition", "placeholder", "reduce_max", "reduce_mean", "reduce_sum", "relu",
+    "reshape", "sigmoid", "slice_", "softmax", "softmax_cross_entropy", "sqrt", "square", "sub",
+    "tanh", "transpose",
 ]

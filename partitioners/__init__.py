@@ -47,6 +47,8 @@ def partition(graph: Graph, parts: int, strategy: str = "spatial", loss: Node | 
     else:
         grads = _add_gradients(g, loss)
         g, placement = PLACING[strategy](g, parts, cost)
+    for param, grad in grads.items():  # the update runs where the parameter lives
+        placement[grad] = placement[param]
     plan = split(g, placement, parts, strategy)
     plan.loss = loss.name if loss is not None else None
     plan.grads = grads

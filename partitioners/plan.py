@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from graphflow.init import assemble_blocks
 from graphflow.ir import Graph, Shape
 from graphflow.ops.registry import concrete, node_cost
 from graphflow.serialize import graph_from_dict, graph_to_dict
@@ -76,6 +77,22 @@ class Plan:
         if name not in self.placement:
             raise KeyError(f"no node named '{name}' in the plan")
         return self.placement[name]
+
+    def assemble(self, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Values keyed by plan parameter (e.g. gradients or parameters fetched from workers)
+        -> keyed by the original parameter, joining the blocks of split parameters."""
+        out: dict[str, np.ndarray] = {}
+        blocks: dict[str, list[tuple[dict[str, Any], np.ndarray]]] = {}
+        for name, value in values.items():
+            spec = self.graph[name].attrs.get("block")
+            if spec is None:
+                out[name] = value
+            else:
+                blocks.setdefault(spec["of"], []).append((spec, value))
+        for name, parts in blocks.items():
+            whole = parts[0][0]["attrs"]
+            out[name] = assemble_blocks(tuple(whole["shape"]), parts, whole["dtype"])
+        return out
 
     def stats(self, batch: int) -> list[WorkerStats]:
         out = []

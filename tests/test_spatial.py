@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import graphflow as gf
-from graphflow.init import assemble_blocks
 from graphflow.partitioners import partition
 from graphflow.partitioners.spatial import row_bounds
 
@@ -22,22 +21,6 @@ def reference(build, x, y):
     grads = gf.gradients(m.loss, m.graph.parameters())
     values = gf.Session(m.graph).run([m.loss] + list(grads.values()), {m.x: x, m.y: y})
     return m, values[0], dict(zip(grads, values[1:]))
-
-
-def whole_gradients(plan, values):
-    """Gradients by original parameter name, assembling spatial blocks."""
-    g = plan.graph
-    out, blocks = {}, {}
-    for name, v in values.items():
-        spec = g[name].attrs.get("block")
-        if spec is None:
-            out[name] = v
-        else:
-            blocks.setdefault(spec["of"], []).append((spec, v))
-    for name, parts in blocks.items():
-        shape = parts[0][0]["attrs"]["shape"]
-        out[name] = assemble_blocks(tuple(shape), parts)
-    return out
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 4])
@@ -54,7 +37,7 @@ def test_rewritten_graph_matches_single_process(workload, parts):
     values = gf.Session(g).run([g[plan.loss]] + [g[plan.grads[n]] for n in names],
                                {"x": x, "y": y})
     assert abs(values[0] - loss) <= 1e-5 * abs(loss)
-    got = whole_gradients(plan, dict(zip(names, values[1:])))
+    got = plan.assemble(dict(zip(names, values[1:])))
     assert set(got) == set(grads)
     for name, want in grads.items():
         scale = np.abs(want).max() + 1e-12

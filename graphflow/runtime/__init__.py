@@ -1,0 +1,7 @@
+"""Running plans: a Worker executes one subgraph; a WorkerService exposes it over RPC; a
+Cluster (the driver) starts or reaches the workers and runs training steps on them."""
+
+from graphflow.runtime.cluster import Cluster, WorkerFailed
+from graphflow.runtime.worker import StepFailed, Worker
+
+__all__ = ["Cluster", "StepFailed", "Worker", "WorkerFailed"]

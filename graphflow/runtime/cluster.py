@@ -1,0 +1,205 @@
+"""The driver: starts (or reaches) one worker per plan part, ships each its subgraph, runs steps.
+
+Three placements of workers, one code path: `mode="threads"` runs each worker in a thread of
+this process (the nogil kernels run side by side), `mode="processes"` starts one local process
+per worker, and `hosts=[...]` uses `graphflow worker --listen` processes already running on
+other machines. Only the addresses differ: inproc, ipc or tcp.
+
+>>> import numpy as np, graphflow as gf
+>>> model = gf.models.digits_lc()
+>>> plan = gf.partition(model.graph, 2, "spatial", loss=model.loss)
+>>> with Cluster(plan, optimizer={"name": "sgd", "lr": 0.1}) as cluster:
+...     x, y = np.zeros((4, 1, 32, 32), np.float32), np.zeros(4, np.int32)
+...     out = cluster.step({"x": x, "y": y})
+>>> float(out["loss"]) > 0
+True
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+import zmq
+
+from graphflow.errors import GraphflowError
+from graphflow.partitioners.plan import Plan
+from graphflow.runtime.service import serve
+from graphflow.runtime.worker import worker_name
+from graphflow.serialize import graph_to_dict
+from graphflow.transport.endpoint import PeerTimeout
+from graphflow.transport.rpc import RemoteError, RpcClient
+
+
+class WorkerFailed(GraphflowError):
+    """A worker died, hung or failed a step. `.worker` names it."""
+
+    def __init__(self, message: str, worker: str) -> None:
+        super().__init__(message)
+        self.worker = worker
+
+
+class Cluster:
+    """Runs `plan` on its workers. `optimizer` ({"name": "sgd", "lr": 0.1}) updates each
+    worker's parameters in place after every `step`; `timeout` bounds every wait."""
+
+    def __init__(self, plan: Plan, mode: str = "threads", hosts: Sequence[str] | None = None,
+                 optimizer: Mapping[str, Any] | None = None, timeout: float = 30.0) -> None:
+        if mode not in ("threads", "processes", "remote"):
+            raise ValueError(f"unknown mode '{mode}': threads, processes or remote")
+        if hosts is not None:
+            mode = "remote"
+            if len(hosts) != plan.parts:
+                raise ValueError(f"the plan has {plan.parts} parts but {len(hosts)} hosts "
+                                 "were given")
+        self.plan, self.mode, self.timeout = plan, mode, timeout
+        self.names = [worker_name(i) for i in range(plan.parts)]
+        self.context = zmq.Context.instance()
+        self._run = uuid.uuid4().hex[:8]
+        self._tmp = tempfile.mkdtemp(prefix="graphflow-") if mode == "processes" else None
+        self._threads: list[threading.Thread] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._pool = ThreadPoolExecutor(max(plan.parts, 1))
+        self.step_count = 0
+        self.clients: list[RpcClient] = []
+        try:
+            self.control = self._start_workers(hosts)
+            self.clients = [RpcClient(a, n, timeout, self.context)
+                            for a, n in zip(self.control, self.names, strict=True)]
+            self._load(optimizer)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- start-up -----------------------------------------------------------------------------
+    def _start_workers(self, hosts: Sequence[str] | None) -> list[str]:
+        if self.mode == "remote":
+            return list(hosts or [])
+        addresses = []
+        for i in range(self.plan.parts):
+            if self.mode == "threads":
+                address = f"inproc://graphflow-{self._run}-control{i}"
+                ready = threading.Event()
+                t = threading.Thread(target=serve, args=(address, self.context, ready),
+                                     daemon=True, name=f"graphflow-worker{i}")
+                t.start()
+                ready.wait(self.timeout)
+                self._threads.append(t)
+            else:
+                address = f"ipc://{self._tmp}/control{i}"
+                self._procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "graphflow.runtime.service", "--listen", address],
+                    stderr=subprocess.DEVNULL))
+            addresses.append(address)
+        return addresses
+
+    def _data_bind(self, i: int, control: str) -> str:
+        if self.mode == "threads":
+            return f"inproc://graphflow-{self._run}-data{i}"
+        if self.mode == "processes":
+            return f"ipc://{self._tmp}/data{i}"
+        return f"tcp://{urlparse(control).hostname}:*"
+
+    def _load(self, optimizer: Mapping[str, Any] | None) -> None:
+        self._call_all("hello", {})
+        loads = [{"index": i, "graph": graph_to_dict(w.graph), "grads": self.plan.grads,
+                  "data_bind": self._data_bind(i, c), "optimizer": dict(optimizer or {}),
+                  "timeout": self.timeout}
+                 for i, (w, c) in enumerate(zip(self.plan.workers, self.control, strict=True))]
+        data = self._call_each("load", loads)
+        self._call_all("connect", {"peers": dict(zip(self.names, data, strict=True))})
+
+    # -- calls --------------------------------------------------------------------------------
+    def _call(self, i: int, method: str, args: Mapping[str, Any]) -> Any:
+        try:
+            return self.clients[i].call(method, **args)
+        except PeerTimeout as e:
+            raise WorkerFailed(f"{self.names[i]} did not answer '{method}' within "
+                               f"{self.timeout:g}s: it died or hangs ({e})",
+                               self.names[i]) from e
+        except RemoteError as e:
+            raise WorkerFailed(f"{self.names[i]} failed '{method}': {e.remote}",
+                               self.names[i]) from e
+
+    def _call_each(self, method: str, args: Sequence[Mapping[str, Any]]) -> list[Any]:
+        futures = [self._pool.submit(self._call, i, method, a) for i, a in enumerate(args)]
+        errors = [f.exception() for f in futures]
+        # a silent worker makes its peers time out as well: report the one that did not answer
+        failed = [e for e in errors if isinstance(e, WorkerFailed)]
+        first = next((e for e in failed if "did not answer" in str(e)), None) or next(
+            (e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
+        return [f.result() for f in futures]
+
+    def _call_all(self, method: str, args: Mapping[str, Any]) -> list[Any]:
+        return self._call_each(method, [args] * self.plan.parts)
+
+    # -- the public API -----------------------------------------------------------------------
+    def run(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str] = (),
+            train: bool = False, check_numerics: bool = False) -> dict[str, np.ndarray]:
+        """One step of every worker; returns the fetched values by node name."""
+        wanted: list[list[str]] = [[] for _ in self.names]
+        for name in fetches:
+            wanted[self.plan.worker_of(name)].append(name)
+        needs = [{n.name for n in w.graph.nodes if n.op == "placeholder"}
+                 for w in self.plan.workers]
+        args = [{"feeds": {k: v for k, v in feeds.items() if k in needs[i]},
+                 "fetches": wanted[i], "step": self.step_count, "train": train,
+                 "check_numerics": check_numerics} for i in range(self.plan.parts)]
+        results = self._call_each("step", args)
+        self.step_count += 1
+        return {k: v for r in results for k, v in r.items()}
+
+    def step(self, feeds: Mapping[str, np.ndarray],
+             fetches: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """A training step: forward, backward and each worker's parameter update."""
+        if fetches is None:
+            fetches = [self.plan.loss] if self.plan.loss else []
+        return self.run(feeds, fetches, train=True)
+
+    def gradients(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The loss and every parameter's gradient (by parameter name), without updating."""
+        grads = self.plan.grads
+        out = self.run(feeds, [self.plan.loss, *grads.values()] if self.plan.loss else [])
+        return {"loss": out[self.plan.loss], **{p: out[g] for p, g in grads.items()}}
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {k: v for r in self._call_all("get_params", {}) for k, v in r.items()}
+
+    def stats(self) -> list[dict[str, Any]]:
+        return self._call_all("stats", {})
+
+    def close(self) -> None:
+        for client in self.clients:
+            try:
+                client.call("shutdown", timeout=min(self.timeout, 5.0))
+            except GraphflowError:
+                pass  # already gone
+            client.close()
+        for t in self._threads:
+            t.join(timeout=5.0)
+        for p in self._procs:
+            try:
+                p.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self._pool.shutdown(wait=False)
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

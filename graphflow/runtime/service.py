@@ -1,0 +1,123 @@
+"""A worker as a service: the control RPCs the driver calls (load, connect, step, params).
+
+The same service runs in a thread (threads in one process), in a local process, or on another
+machine (`graphflow worker --listen tcp://HOST:PORT`); only the addresses differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import zmq
+
+from graphflow.runtime.worker import Worker, make_optimizer, worker_name
+from graphflow.serialize import graph_from_dict
+from graphflow.transport.endpoint import Endpoint
+from graphflow.transport.rpc import RpcServer
+
+
+class WorkerService:
+    """RPC handlers around one Worker, created by `load`."""
+
+    def __init__(self, context: zmq.Context | None = None) -> None:
+        self.context = context
+        self.worker: Worker | None = None
+        self.stop = threading.Event()
+
+    def handlers(self) -> dict[str, Any]:
+        return {"hello": self.hello, "load": self.load, "connect": self.connect,
+                "step": self.step, "get_params": self.get_params, "set_params": self.set_params,
+                "stats": self.stats, "shutdown": self.shutdown}
+
+    def _loaded(self) -> Worker:
+        if self.worker is None:
+            raise RuntimeError("no plan loaded: call load first")
+        return self.worker
+
+    def hello(self) -> dict[str, Any]:
+        return {"pid": os.getpid()}
+
+    def load(self, index: int, graph: dict[str, Any], grads: Mapping[str, str],
+             data_bind: str, optimizer: Mapping[str, Any] | None = None,
+             timeout: float = 30.0) -> str:
+        """Take this worker's subgraph; bind its data endpoint; return the endpoint address."""
+        if self.worker is not None:
+            self.worker.close()
+        endpoint = Endpoint(worker_name(index), data_bind, self.context, timeout)
+        self.worker = Worker(index, graph_from_dict(graph), endpoint, grads,
+                             make_optimizer(optimizer), timeout)
+        return endpoint.address
+
+    def connect(self, peers: Mapping[str, str]) -> None:
+        """Open a connection to every peer this worker sends to."""
+        w = self._loaded()
+        dsts = {worker_name(n.attrs["dst"]) for n in w.graph.nodes if n.op == "send"}
+        for peer in sorted(dsts):
+            w.endpoint.connect(peer, peers[peer])
+
+    def step(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str], step: int,
+             train: bool = True, check_numerics: bool = False) -> dict[str, np.ndarray]:
+        return self._loaded().run_step(feeds, list(fetches), step, train, check_numerics)
+
+    def get_params(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        params = self._loaded().params
+        return {n: params[n] for n in (names if names is not None else params)}
+
+    def set_params(self, values: Mapping[str, np.ndarray]) -> None:
+        params = self._loaded().params
+        for name, value in values.items():
+            if name not in params or params[name].shape != np.shape(value):
+                raise ValueError(f"{worker_name(self._loaded().index)} holds no parameter "
+                                 f"'{name}' of shape {np.shape(value)}")
+            params[name][...] = value
+
+    def stats(self) -> dict[str, Any]:
+        w = self._loaded()
+        return {"bytes_sent": w.bytes_sent, "bytes_received": w.bytes_received,
+                "sent_keys": list(w.sent_keys)}
+
+    def shutdown(self) -> None:
+        self.stop.set()
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+
+def serve(listen: str, context: zmq.Context | None = None,
+          ready: threading.Event | None = None, announce: bool = False) -> None:
+    """Answer control requests at `listen` until `shutdown`."""
+    service = WorkerService(context)
+    with RpcServer(listen, context, copy_results=True) as server:
+        if ready is not None:
+            ready.set()
+        if announce:
+            print(f"graphflow worker listening on {server.address}", file=sys.stderr,
+                  flush=True)
+        try:
+            server.serve_forever(service.handlers(), service.stop)
+        finally:
+            service.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="graphflow worker",
+                                description="Serve one graphflow worker: the driver ships it "
+                                            "a subgraph and runs steps on it.",
+                                epilog="example: graphflow worker --listen tcp://10.0.0.2:5555")
+    p.add_argument("--listen", required=True,
+                   help="control address: tcp://HOST:PORT, ipc:///PATH or inproc://NAME")
+    args = p.parse_args(argv)
+    serve(args.listen, announce=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

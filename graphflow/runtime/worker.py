@@ -1,0 +1,216 @@
+"""A worker runs its subgraph of a plan as a dataflow: a node runs as soon as its inputs are
+there, a pending Recv blocks nothing else, Sends go out on their own thread.
+
+One compute thread (the caller of `run_step`) runs the kernels; a receiver thread moves
+arriving tensors from the endpoint into an inbox queue; a sender thread pushes outgoing tensors.
+Parameters live here and are updated here, by the optimizer, from gradients computed here.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from graphflow.errors import GraphflowError, NonFiniteError, located
+from graphflow.executor import _checked_value
+from graphflow.init import initial_value
+from graphflow.ir import Graph, Node
+from graphflow.ops.registry import REGISTRY
+from graphflow.optim import OPTIMIZERS, Optimizer
+from graphflow.transport.endpoint import Endpoint, PeerTimeout
+
+POLL = 0.05  # seconds the helper threads wait before checking for shutdown
+
+
+class StepFailed(GraphflowError):
+    """A worker could not finish a step (a peer did not deliver in time, a kernel failed)."""
+
+
+def worker_name(index: int) -> str:
+    return f"worker:{index}"
+
+
+class Worker:
+    """Executes one worker's subgraph; owns its parameters and their optimizer state."""
+
+    def __init__(self, index: int, graph: Graph, endpoint: Endpoint, grads: Mapping[str, str],
+                 optimizer: Optimizer | None = None, timeout: float = 30.0) -> None:
+        self.index, self.graph, self.endpoint = index, graph, endpoint
+        self.timeout = timeout
+        self.optimizer = optimizer
+        self.params = {p.name: initial_value(p.name, p.attrs, graph.seed)
+                       for p in graph.parameters()}
+        # parameter -> its gradient node, for the parameters this worker holds
+        self.grads = {p: g for p, g in grads.items() if p in self.params}
+        self.order = graph.toposort()
+        self.users: dict[Node, list[Node]] = {n: [] for n in self.order}
+        for n in self.order:
+            for x in n.inputs:
+                self.users[x].append(n)
+        self.recvs = {n.attrs["key"]: n for n in self.order if n.op == "recv"}
+        self.bytes_sent = self.bytes_received = 0
+        self.sent_keys: list[str] = []
+        self._inbox: queue.Queue[tuple[dict[str, Any], np.ndarray]] = queue.Queue()
+        self._outbox: queue.Queue[tuple[str, str, np.ndarray, int] | None] = queue.Queue()
+        self._stash: dict[tuple[str, int], np.ndarray] = {}
+        self._trackers: list[Any] = []
+        self._send_error: BaseException | None = None
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._receive_loop, daemon=True,
+                                          name=f"w{index}-recv"),
+                         threading.Thread(target=self._send_loop, daemon=True,
+                                          name=f"w{index}-send")]
+        for t in self._threads:
+            t.start()
+
+    # -- the step -----------------------------------------------------------------------------
+    def run_step(self, feeds: Mapping[str, np.ndarray], fetches: list[str], step: int,
+                 train: bool = True, check_numerics: bool = False) -> dict[str, np.ndarray]:
+        """Run the whole subgraph once; update parameters when `train`; return local fetches."""
+        values = self._dataflow(feeds, set(fetches) | set(self.grads.values()), step,
+                                check_numerics)
+        self._flush_sends()
+        if train and self.optimizer is not None:
+            for p, g in self.grads.items():
+                self.optimizer.update(p, self.params[p], values[self.graph[g]])
+        return {name: values[self.graph[name]] for name in fetches}
+
+    def _dataflow(self, feeds: Mapping[str, np.ndarray], keep: set[str], step: int,
+                  check_numerics: bool) -> dict[Node, np.ndarray]:
+        remaining = {n: len(n.inputs) for n in self.order}
+        pending_users = {n: len(self.users[n]) for n in self.order}
+        ready = deque(n for n in self.order if not n.inputs and n.op != "recv")
+        waiting = dict(self.recvs)
+        values: dict[Node, np.ndarray] = {}
+        done = 0
+
+        def finish(n: Node, value: np.ndarray) -> None:
+            nonlocal done
+            values[n] = value
+            done += 1
+            for u in self.users[n]:
+                remaining[u] -= 1
+                if remaining[u] == 0:
+                    ready.append(u)
+            for x in n.inputs:  # free inputs nobody else needs
+                pending_users[x] -= 1
+                if pending_users[x] == 0 and x.name not in keep and x.op != "parameter":
+                    del values[x]
+
+        deadline = time.monotonic() + self.timeout
+        while done < len(self.order):
+            for meta, array in self._arrivals(step, block=not ready, deadline=deadline,
+                                              waiting=waiting):
+                finish(waiting.pop(meta["key"]), array)
+                deadline = time.monotonic() + self.timeout
+            if ready:
+                n = ready.popleft()
+                finish(n, self._compute(n, values, feeds, step, check_numerics))
+        return values
+
+    def _compute(self, n: Node, values: dict[Node, np.ndarray], feeds: Mapping[str, np.ndarray],
+                 step: int, check_numerics: bool) -> np.ndarray:
+        if n.op == "parameter":
+            return self.params[n.name]
+        if n.op == "constant":
+            return n.attrs["value"]
+        if n.op == "placeholder":
+            if n.name not in feeds:
+                raise StepFailed(located(n, f"is not fed on {worker_name(self.index)}"))
+            return _checked_value(n, feeds[n.name])
+        inputs = [values[x] for x in n.inputs]
+        if n.op == "send":
+            self._outbox.put((worker_name(n.attrs["dst"]), n.attrs["key"], inputs[0], step))
+            return inputs[0]
+        out = REGISTRY[n.op].forward(inputs, n.attrs)
+        if check_numerics and out.dtype.kind == "f" and not np.isfinite(out).all():
+            raise NonFiniteError(located(n, f"produced NaN or inf on {worker_name(self.index)}"))
+        return out
+
+    def _arrivals(self, step: int, block: bool, deadline: float,
+                  waiting: dict[str, Node]) -> list[tuple[dict[str, Any], np.ndarray]]:
+        """Tensors of this step that have arrived (waiting for one if `block`)."""
+        early = [k for (k, s) in self._stash if s == step and k in waiting]
+        got = [({"key": k}, self._stash.pop((k, step))) for k in early]
+        while True:
+            try:
+                meta, array = self._inbox.get(block=block and not got,
+                                              timeout=max(deadline - time.monotonic(), 0.001))
+            except queue.Empty:
+                if block and not got:
+                    self._raise_timeout(waiting)
+                return got
+            self.bytes_received += array.nbytes
+            if meta["step"] == step and meta["key"] in waiting:
+                got.append((meta, array))
+            else:  # an early tensor of a later step (or micro-batch): keep it
+                self._stash[(meta["key"], meta["step"])] = array
+            block = False
+
+    def _raise_timeout(self, waiting: dict[str, Node]) -> None:
+        if self._send_error is not None:
+            raise StepFailed(f"{worker_name(self.index)}: {self._send_error}")
+        key, node = next(iter(waiting.items()))
+        peer = worker_name(node.attrs["src"])
+        raise PeerTimeout(f"{worker_name(self.index)}: no tensor '{key}' from {peer} within "
+                          f"{self.timeout:g}s ({len(waiting)} receive(s) pending)", peer, key)
+
+    def _flush_sends(self) -> None:
+        """Wait until every send of the step has left (zero-copy buffers are free to change)."""
+        self._outbox.join()
+        if self._send_error is not None:
+            raise StepFailed(f"{worker_name(self.index)}: {self._send_error}")
+        for tracker in self._trackers:
+            tracker.wait(self.timeout)
+        self._trackers.clear()
+
+    # -- helper threads ------------------------------------------------------------------------
+    def _receive_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                got = self.endpoint.recv_any(POLL)
+            except GraphflowError:  # a bad frame: dropped, the step times out naming the key
+                continue
+            if got is not None:
+                self._inbox.put(got)
+
+    def _send_loop(self) -> None:
+        while True:
+            item = self._outbox.get()
+            try:
+                if item is None:
+                    return
+                peer, key, array, step = item
+                tracker = self.endpoint.send(peer, key, array, step)
+                if tracker is not None:
+                    self._trackers.append(tracker)
+                self.bytes_sent += array.nbytes
+                self.sent_keys.append(key)
+            except GraphflowError as e:
+                self._send_error = e
+            finally:
+                self._outbox.task_done()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._outbox.put(None)
+        for t in self._threads:
+            t.join(timeout=2 * POLL + 1)
+        self.endpoint.close()
+
+
+def make_optimizer(spec: Mapping[str, Any] | None) -> Optimizer | None:
+    """{"name": "sgd", "lr": 0.1, ...} -> an optimizer (None: no updates)."""
+    if not spec:
+        return None
+    args = dict(spec)
+    name = args.pop("name")
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer '{name}'; known: {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[name](**args)
