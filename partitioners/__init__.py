@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from graphflow.autodiff import gradients
 from graphflow.ir import Graph, Node
-from graphflow.partitioners import spatial
+from graphflow.partitioners import layerwise, manual, mincut, spatial
 from graphflow.partitioners.plan import Plan, Transfer, WorkerPlan
 from graphflow.partitioners.split import split
 from graphflow.serialize import graph_from_dict, graph_to_dict
@@ -21,7 +21,8 @@ Strategy = Callable[[Graph, int, object], tuple[Graph, dict[str, int]]]
 # Strategies that rewrite the forward graph (their gradients are derived after the rewrite).
 REWRITING: dict[str, Strategy] = {"spatial": spatial.place}
 # Strategies that place the nodes of a graph that already holds its backward pass.
-PLACING: dict[str, Strategy] = {}
+PLACING: dict[str, Strategy] = {"manual": manual.place, "layerwise": layerwise.place,
+                                "mincut": mincut.place}
 STRATEGIES = sorted([*REWRITING, *PLACING])
 
 

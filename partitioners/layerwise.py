@@ -65,12 +65,14 @@ def unit_costs(graph: Graph, cost: CostModel) -> tuple[list[Node], list[float]]:
     return units, [total[u] for u in units]
 
 
-def place(graph: Graph, parts: int, cost: CostModel) -> tuple[Graph, dict[str, int]]:
+def place(graph: Graph, parts: int,
+          cost: CostModel | None = None) -> tuple[Graph, dict[str, int]]:
     """Contiguous cost-balanced stages; backward nodes with their forward node, parameters with
-    their first consumer. With fewer forward nodes than `parts`, some workers stay empty."""
+    their first consumer. With fewer forward nodes than `parts`, some workers stay empty.
+    `cost` defaults to `CostModel.default()`."""
     if parts < 1:
         raise ValueError(f"parts must be >= 1, got {parts}")
-    units, costs = unit_costs(graph, cost)
+    units, costs = unit_costs(graph, cost or CostModel.default())
     stage = dict(zip(units, balanced_stages(costs, parts)))
     anchor = anchors(graph)
     out = {n.name: stage[a] for n, a in anchor.items()}

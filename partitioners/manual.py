@@ -136,7 +136,8 @@ def parse_device(node: Node, parts: int) -> int | None:
     return k
 
 
-def place(graph: Graph, parts: int, cost: CostModel | None) -> tuple[Graph, dict[str, int]]:
+def place(graph: Graph, parts: int,
+          cost: CostModel | None = None) -> tuple[Graph, dict[str, int]]:
     """Place nodes by their device scopes; forward nodes without one go to worker 0, backward
     nodes without one follow their forward node, parameters without one their first consumer.
     `cost` is unused (manual placement needs no cost model)."""

@@ -197,19 +197,21 @@ def _metis_seed(prob: _Problem, eps: float) -> list[int] | None:
     vweights = [max(1, round(w * scale)) for w in prob.weight]
     opts = pymetis.Options(ufactor=max(1, int(eps * 1000)), seed=0)
     try:
-        _, parts = pymetis.part_graph(prob.parts, xadj=xadj, adjncy=adjncy, vweights=vweights,
-                                      eweights=eweights, options=opts)
+        _, parts = pymetis.part_graph(prob.parts, pymetis.CSRAdjacency(xadj, adjncy),
+                                      vweights=vweights, eweights=eweights, options=opts)
     except Exception:  # METIS rejects some degenerate inputs; the other seeds remain
         return None
     return [int(p) for p in parts]
 
 
-def place(graph: Graph, parts: int, cost: CostModel,
+def place(graph: Graph, parts: int, cost: CostModel | None = None,
           eps: float = 0.1) -> tuple[Graph, dict[str, int]]:
     """Minimise cut bytes subject to each worker's compute <= (1 + eps) * total / parts (when
-    no split of the atoms can meet it, the most balanced split found is returned)."""
+    no split of the atoms can meet it, the most balanced split found is returned). `cost`
+    defaults to `CostModel.default()`; bytes are counted at its batch size."""
     if parts < 1:
         raise ValueError(f"parts must be >= 1, got {parts}")
+    cost = cost or CostModel.default()
     seconds = {n: cost.node_seconds(n) for n in graph.nodes}
     cap = (1 + eps) * sum(seconds.values()) / parts
     best: tuple[tuple[float, int, float], _Problem, list[int]] | None = None

@@ -1,0 +1,376 @@
+"""Op FLOPs/bytes -> seconds, calibrated from kernels and a link timed on this machine; predicts
+the step time of a placed training graph by list scheduling.
+
+>>> import graphflow as gf
+>>> m = gf.models.speech_mlp(batch=64)
+>>> _ = gf.gradients(m.loss, m.graph.parameters())
+>>> p = CostModel.builtin().predict(m.graph, {n.name: 0 for n in m.graph})
+>>> p.step_seconds > 0 and p.transfers == []
+True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from math import prod
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphflow.ir import Graph, Node
+from graphflow.ops.registry import REGISTRY, concrete, node_cost
+
+SOURCE_OPS = ("placeholder", "parameter", "constant")
+LOCAL_OPS = ("placeholder", "constant")  # replicated: present on every worker at time 0
+BUILTIN = {"flop_rates": {"*": 60e9}, "bandwidth_Bps": 5e9, "overhead_s": 2e-6}
+
+
+@dataclass(frozen=True)
+class Link:
+    """A point-to-point link: seconds(n) = latency + n / bandwidth.
+
+    >>> Link(1e9, 1e-4).seconds(1_000_000)
+    0.0011
+    """
+
+    bandwidth_Bps: float
+    latency_s: float
+
+    def seconds(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bandwidth_Bps
+
+    @classmethod
+    def ten_gigabit(cls) -> Link:
+        """A 10 Gbit/s network: 1.25 GB/s, 100 us latency."""
+        return cls(1.25e9, 100e-6)
+
+    @classmethod
+    def builtin(cls) -> Link:
+        """The conservative local default: 1.2 GB/s, 300 us (loopback ZeroMQ, design.md)."""
+        return cls(1.2e9, 300e-6)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One tensor sent from worker `src` to `dst` (one per tensor and destination)."""
+
+    tensor: str
+    src: int
+    dst: int
+    nbytes: int
+    start: float
+    seconds: float
+
+
+@dataclass
+class Prediction:
+    """A simulated training step: makespan, per-worker busy time and traffic, every transfer."""
+
+    step_seconds: float
+    busy: list[float]
+    bytes_in: list[int]
+    bytes_out: list[int]
+    transfers: list[Transfer] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        rows = [f"step {self.step_seconds * 1e3:.3f} ms, {len(self.transfers)} transfers"]
+        rows += [f"  worker {w}: busy {b * 1e3:.3f} ms, in {i} B, out {o} B"
+                 for w, (b, i, o) in enumerate(zip(self.busy, self.bytes_in, self.bytes_out))]
+        return "\n".join(rows)
+
+
+def tensor_bytes(node: Node, batch: int) -> int:
+    """Bytes of the node's output at this batch size."""
+    return prod(concrete(node.shape, batch)) * np.dtype(node.dtype).itemsize
+
+
+def signature(node: Node, batch: int) -> str:
+    """What a kernel's time depends on: op, concrete input shapes and dtypes, attrs."""
+    ins = ";".join(f"{x.dtype}{list(concrete(x.shape, batch))}" for x in node.inputs)
+    attrs = ",".join(f"{k}={v!r}" for k, v in sorted(node.attrs.items()) if k != "value")
+    return f"{node.op}({ins}){{{attrs}}}"
+
+
+def op_family(op: str) -> str:
+    """The op's kernel family (its ops/ module: matmul, local, conv, elementwise, ...)."""
+    forward = REGISTRY[op].forward if op in REGISTRY else None
+    return forward.__module__.rsplit(".", 1)[-1] if forward is not None else op
+
+
+def fingerprint() -> str:
+    """Identifies this machine and thread setup: calibrations are only reused on a match."""
+    import numba
+
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    cpu = next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "")
+    parts = [platform.machine(), cpu or platform.processor(), str(os.cpu_count()),
+             np.__version__, numba.__version__, str(numba.get_num_threads()),
+             os.environ.get("OPENBLAS_NUM_THREADS", ""), os.environ.get("OMP_NUM_THREADS", "")]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def cache_path() -> Path:
+    """$GRAPHFLOW_COSTMODEL, else ~/.cache/graphflow/costmodel.json."""
+    env = os.environ.get("GRAPHFLOW_COSTMODEL")
+    return Path(env) if env else Path.home() / ".cache" / "graphflow" / "costmodel.json"
+
+
+class CostModel:
+    """Seconds per node and per transfer, and a step-time simulator.
+
+    A node's seconds come from `times` (by node name: for tests and what-ifs), else a measured
+    kernel signature, else overhead + max(flops / family FLOP rate, bytes / bandwidth).
+    `measured` maps signature -> [seconds, family, flops, bytes]; `batch` fills None dims.
+
+    >>> cm = CostModel(times={"a": 1.0}, link=Link(1e9, 0.0))
+    >>> cm.transfer_seconds(2e9)
+    2.0
+    """
+
+    def __init__(self, measured: Mapping[str, Any] | None = None,
+                 flop_rates: Mapping[str, float] | None = None,
+                 bandwidth_Bps: float = BUILTIN["bandwidth_Bps"],
+                 overhead_s: float = BUILTIN["overhead_s"], link: Link | None = None,
+                 times: Mapping[str, float] | None = None, batch: int = 64) -> None:
+        self.measured: dict[str, list[Any]] = {k: list(v) for k, v in (measured or {}).items()}
+        self.flop_rates = dict(flop_rates or BUILTIN["flop_rates"])
+        self.bandwidth_Bps, self.overhead_s = bandwidth_Bps, overhead_s
+        self.link = link or Link.builtin()
+        self.times, self.batch = dict(times or {}), batch
+        self._memo: dict[str, float] = {}
+
+    @classmethod
+    def builtin(cls, batch: int = 64) -> CostModel:
+        """Conservative built-in rates (60 GFLOP/s, 5 GB/s, link 1.2 GB/s + 300 us); no cache."""
+        return cls(batch=batch)
+
+    @classmethod
+    def default(cls, batch: int = 64) -> CostModel:
+        """This machine's cached calibration if there is one, else `builtin()`. Never measures."""
+        entry = _read_cache(cache_path()).get(fingerprint())
+        if not entry:
+            return cls.builtin(batch)
+        link = Link(*entry.pop("link")) if entry.get("link") else None
+        return cls(**{**BUILTIN, **entry}, link=link, batch=batch)
+
+    @classmethod
+    def calibrate(cls, graph: Graph, batch: int, repeats: int = 3, link: bool = True,
+                  refresh: bool = False) -> CostModel:
+        """Time each kernel signature of `graph` not yet cached (median of `repeats` passes after
+        a warm-up), refit the fallback rates, measure the link if not cached, save the cache.
+
+        >>> import graphflow as gf
+        >>> cm = CostModel.calibrate(gf.models.digits_lc().graph, batch=8)  # doctest: +SKIP
+        """
+        model = cls.builtin(batch) if refresh else cls.default(batch)
+        todo: dict[str, Node] = {}
+        for n in graph.toposort():
+            sig = signature(n, batch)
+            if n.op not in SOURCE_OPS and REGISTRY[n.op].forward and sig not in model.measured:
+                todo.setdefault(sig, n)
+        for sig, seconds in _time_nodes(todo, batch, repeats).items():
+            flops, read, written = node_cost(todo[sig], batch)
+            model.measured[sig] = [seconds, op_family(todo[sig].op), flops, read + written]
+        model._fit()
+        if link and (refresh or model.link == Link.builtin()):
+            model.calibrate_link()
+        model.save()
+        return model
+
+    def calibrate_link(self, repeats: int = 5) -> Link:
+        """Measure the local transport (ZeroMQ PUSH/PULL over ipc between two threads, 1 KB and
+        4 MB ping-pong); store and return Link(bandwidth, latency)."""
+        small, large = 1024, 4 << 20
+        t_small, t_large = _ping_pong(small, repeats), _ping_pong(large, repeats)
+        self.link = Link((large - small) / max(t_large - t_small, 1e-9), t_small)
+        return self.link
+
+    def save(self, path: Path | None = None) -> Path:
+        """Write this calibration under this machine's fingerprint (atomic replace)."""
+        path = path or cache_path()
+        data = _read_cache(path)
+        data[fingerprint()] = {
+            "measured": self.measured, "flop_rates": self.flop_rates,
+            "bandwidth_Bps": self.bandwidth_Bps, "overhead_s": self.overhead_s,
+            "link": [self.link.bandwidth_Bps, self.link.latency_s]}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"version": 1, "machines": data}, f)
+        os.replace(tmp, path)
+        return path
+
+    def _fit(self) -> None:
+        """Refit overhead, memory bandwidth (median of memory-bound kernels) and per-family
+        FLOP rates (best seen: bigger kernels of a family run no slower) from the samples."""
+        samples = list(self.measured.values())
+        if not samples:
+            return
+        self.overhead_s = min(min(s[0] for s in samples), 20e-6)
+
+        def rates(chosen: list[list[Any]], work: int) -> list[float]:
+            return [s[work] / max(s[0] - self.overhead_s, 1e-9) for s in chosen]
+
+        low = [s for s in samples if s[3] > 0 and s[2] <= s[3]]
+        if low:
+            self.bandwidth_Bps = statistics.median(rates(low, 3))
+        for fam in {"*", *(s[1] for s in samples)}:
+            mine = [s for s in samples if (s[1] == fam and s[2] > 0)
+                    or (fam == "*" and s[2] > 4 * s[3])]
+            if mine:
+                self.flop_rates[fam] = max(rates(mine, 2))
+        self._memo.clear()
+
+    def node_seconds(self, node: Node, batch: int | None = None) -> float:
+        """Compute seconds of one node (source ops cost nothing); None dims take `batch`."""
+        if node.name in self.times:
+            return self.times[node.name]
+        if node.op in SOURCE_OPS:
+            return 0.0
+        b = batch or self.batch
+        sig = signature(node, b)
+        if sig in self.measured:
+            return float(self.measured[sig][0])
+        if sig not in self._memo:
+            flops, read, written = node_cost(node, b)
+            rate = self.flop_rates.get(op_family(node.op), self.flop_rates["*"])
+            self._memo[sig] = self.overhead_s + max(flops / rate,
+                                                    (read + written) / self.bandwidth_Bps)
+        return self._memo[sig]
+
+    def transfer_seconds(self, nbytes: float, link: Link | None = None) -> float:
+        """Seconds to move `nbytes` over `link` (default: this model's calibrated link)."""
+        return (link or self.link).seconds(nbytes)
+
+    def predict(self, graph: Graph, placement: Mapping[str, int], batch: int | None = None,
+                link: Link | None = None) -> Prediction:
+        """Simulate one training step of `graph` (unsplit: no send/recv nodes) under `placement`.
+
+        Each worker runs its nodes one at a time in topological order; a node starts when its
+        worker is free and its inputs have arrived. A tensor is sent once per destination worker
+        as soon as it is produced (parameters at time 0); sends out of one worker serialise on
+        its link. Placeholders and constants are local everywhere.
+        """
+        batch, link = batch or self.batch, link or self.link
+        missing = [n.name for n in graph.nodes if n.name not in placement]
+        if missing:
+            raise KeyError(f"placement has no worker for {len(missing)} nodes, e.g. {missing[:3]}")
+        where = {n: placement[n.name] for n in graph.nodes}
+        workers = max(where.values(), default=0) + 1
+        free, link_free, busy = [0.0] * workers, [0.0] * workers, [0.0] * workers
+        bytes_in, bytes_out = [0] * workers, [0] * workers
+        dests: dict[Node, set[int]] = {n: set() for n in graph.nodes}
+        for n in graph.nodes:
+            for x in n.inputs:
+                if x.op not in LOCAL_OPS and where[x] != where[n]:
+                    dests[x].add(where[n])
+        ready: dict[tuple[Node, int], float] = {}  # (tensor, worker) -> when it is there
+        transfers: list[Transfer] = []
+        for n in graph.toposort():
+            if n.op in LOCAL_OPS:
+                continue
+            w, end = where[n], 0.0
+            if n.op != "parameter":
+                start = max([free[w], *(0.0 if x.op in LOCAL_OPS else ready[x, w]
+                                        for x in n.inputs)])
+                dur = self.node_seconds(n, batch)
+                end = free[w] = start + dur
+                busy[w] += dur
+            ready[n, w] = end
+            for d in sorted(dests[n]):
+                nbytes = tensor_bytes(n, batch)
+                start, seconds = max(end, link_free[w]), link.seconds(nbytes)
+                link_free[w] = ready[n, d] = start + seconds
+                bytes_out[w] += nbytes
+                bytes_in[d] += nbytes
+                transfers.append(Transfer(n.name, w, d, nbytes, start, seconds))
+        return Prediction(max(ready.values(), default=0.0), busy, bytes_in, bytes_out, transfers)
+
+
+def _random_input(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
+    if np.dtype(dtype).kind in "iu":
+        return np.zeros(shape, dtype)  # labels and indices: zero is always in range
+    return (rng.random(shape, dtype=dtype) + 0.5).astype(dtype, copy=False)
+
+
+def _time_nodes(nodes: Mapping[str, Node], batch: int, repeats: int) -> dict[str, float]:
+    """Median seconds of each node's forward kernel on random inputs: one warm-up pass, then
+    `repeats` passes over all nodes (so a neighbour's burst spreads over many nodes)."""
+    rng, arrays = np.random.default_rng(0), {}  # inputs of one shape and dtype are shared
+    runs = {}
+    for sig, n in nodes.items():
+        keys = [(concrete(x.shape, batch), x.dtype) for x in n.inputs]
+        for k in keys:
+            if k not in arrays:
+                arrays[k] = _random_input(*k, rng)
+        runs[sig] = (REGISTRY[n.op].forward, [arrays[k] for k in keys], n.attrs)
+    times: dict[str, list[float]] = {sig: [] for sig in runs}
+    for rep in range(max(repeats, 1) + 1):
+        for sig, (forward, ins, attrs) in runs.items():
+            t0 = time.perf_counter()
+            forward(ins, attrs)
+            if rep:
+                times[sig].append(time.perf_counter() - t0)
+    return {sig: statistics.median(t) for sig, t in times.items()}
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        return dict(data.get("machines", {})) if data.get("version") == 1 else {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _ping_pong(nbytes: int, rounds: int, timeout_ms: int = 5000) -> float:
+    """Median one-way seconds of an nbytes message between two threads over ZeroMQ ipc."""
+    import zmq
+
+    ctx = zmq.Context()
+    socks = [ctx.socket(t) for t in (zmq.PUSH, zmq.PULL, zmq.PULL, zmq.PUSH)]
+    out, back, echo_in, echo_out = socks
+    for sock in socks:
+        for opt, value in ((zmq.RCVTIMEO, timeout_ms), (zmq.SNDTIMEO, timeout_ms),
+                           (zmq.LINGER, 0)):
+            sock.setsockopt(opt, value)
+
+    def echo() -> None:
+        try:
+            for _ in range(rounds + 1):
+                echo_out.send(echo_in.recv(copy=False), copy=False)
+        except zmq.Again:
+            pass
+
+    payload, times, thread = np.zeros(nbytes, np.uint8), [], threading.Thread(target=echo)
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            for sock, end, where in ((out, "bind", "a"), (back, "bind", "b"),
+                                     (echo_in, "connect", "a"), (echo_out, "connect", "b")):
+                getattr(sock, end)(f"ipc://{d}/{where}")
+            thread.start()
+            for _ in range(rounds + 1):
+                t0 = time.perf_counter()
+                out.send(payload, copy=False)
+                back.recv(copy=False)
+                times.append((time.perf_counter() - t0) / 2)
+        except zmq.Again:
+            raise TimeoutError(f"link calibration: no echo of a {nbytes} B message within "
+                               f"{timeout_ms} ms") from None
+        finally:
+            if thread.is_alive():
+                thread.join(timeout_ms / 1000)
+            for sock in socks:
+                sock.close()
+            ctx.term()
+    return statistics.median(times[1:])

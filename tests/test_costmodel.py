@@ -1,0 +1,155 @@
+"""The cost model: list-scheduling predictions on tiny graphs with injected times, the fallback
+estimate, the cache, and a calibration smoke test."""
+
+import json
+
+import pytest
+
+import graphflow as gf
+from graphflow.costmodel import CostModel, Link, signature, tensor_bytes
+
+ROW = 4 * 1000  # bytes of one float32 row of width 1000
+
+
+def _chain():
+    """x -> a -> b -> c, each [N, 1000]."""
+    with gf.Graph() as g:
+        x = gf.placeholder("x", (None, 1000))
+        c = gf.neg(gf.neg(gf.neg(x, name="a"), name="b"), name="c")
+    return g, c
+
+
+def _fork():
+    """x -> a; a -> l1 -> l2; a -> r1 -> r2 (two independent branches after a)."""
+    with gf.Graph() as g:
+        x = gf.placeholder("x", (None, 1000))
+        a = gf.neg(x, name="a")
+        gf.neg(gf.neg(a, name="l1"), name="l2")
+        gf.neg(gf.neg(a, name="r1"), name="r2")
+    return g
+
+
+def _model(times, bandwidth=ROW, latency=0.0):
+    """Times in seconds per node name; a link that moves one batch-1 tensor per second."""
+    return CostModel(times=times, link=Link(bandwidth, latency), batch=1)
+
+
+def test_chain_on_one_worker_is_the_sum_of_times():
+    g, _ = _chain()
+    cm = _model({"a": 1.0, "b": 2.0, "c": 4.0})
+    p = cm.predict(g, dict.fromkeys(["x", "a", "b", "c"], 0))
+    assert p.step_seconds == pytest.approx(7.0)
+    assert p.busy == [pytest.approx(7.0)] and p.transfers == []
+
+
+def test_independent_branches_overlap():
+    g = _fork()
+    cm = _model({"a": 1.0, "l1": 2.0, "l2": 2.0, "r1": 3.0, "r2": 3.0}, bandwidth=1e18)
+    one = cm.predict(g, {n.name: 0 for n in g})
+    assert one.step_seconds == pytest.approx(11.0)
+    placement = {"x": 0, "a": 0, "l1": 0, "l2": 0, "r1": 1, "r2": 1}
+    two = cm.predict(g, placement)
+    assert two.step_seconds == pytest.approx(1.0 + max(4.0, 6.0))
+    assert two.busy == [pytest.approx(5.0), pytest.approx(6.0)]
+
+
+def test_cut_edge_adds_the_transfer_time():
+    g, _ = _chain()
+    cm = _model({"a": 1.0, "b": 2.0, "c": 4.0}, latency=0.5)
+    p = cm.predict(g, {"x": 0, "a": 0, "b": 1, "c": 1})
+    assert p.step_seconds == pytest.approx(1.0 + 1.5 + 2.0 + 4.0)
+    (t,) = p.transfers
+    assert (t.tensor, t.src, t.dst, t.nbytes) == ("a", 0, 1, ROW)
+    assert t.seconds == pytest.approx(1.5) and t.start == pytest.approx(1.0)
+    assert p.bytes_out == [ROW, 0] and p.bytes_in == [0, ROW]
+
+
+def test_transfer_to_two_consumers_on_one_worker_is_sent_once():
+    g = _fork()
+    cm = _model({"a": 1.0, "l1": 2.0, "l2": 2.0, "r1": 3.0, "r2": 3.0})
+    p = cm.predict(g, {"x": 0, "a": 0, "l1": 1, "l2": 1, "r1": 1, "r2": 1})
+    assert [(t.tensor, t.dst) for t in p.transfers] == [("a", 1)]
+    assert p.step_seconds == pytest.approx(1.0 + 1.0 + 10.0)
+
+
+def test_sends_out_of_one_worker_serialise():
+    g = _fork()
+    cm = _model({"a": 1.0, "l1": 1.0, "l2": 1.0, "r1": 1.0, "r2": 1.0})
+    p = cm.predict(g, {"x": 0, "a": 0, "l1": 1, "l2": 1, "r1": 2, "r2": 2})
+    starts = sorted(t.start for t in p.transfers)
+    assert starts == [pytest.approx(1.0), pytest.approx(2.0)]  # second waits for the first
+    assert p.step_seconds == pytest.approx(3.0 + 2.0)
+
+
+def test_placeholders_are_local_and_parameters_are_sent_from_their_owner():
+    with gf.Graph() as g:
+        x = gf.placeholder("x", (None, 1000))
+        w = gf.parameter("w", (1000,))
+        gf.mul(x, w, name="m")
+    cm = _model({"m": 1.0})
+    p = cm.predict(g, {"x": 0, "w": 0, "m": 1})
+    assert [t.tensor for t in p.transfers] == ["w"]
+    assert p.step_seconds == pytest.approx(1.0 + 1.0)
+
+
+def test_missing_placement_names_the_nodes():
+    g, _ = _chain()
+    with pytest.raises(KeyError, match="no worker"):
+        _model({}).predict(g, {"x": 0})
+
+
+def test_link_presets_and_transfer_seconds():
+    ten = Link.ten_gigabit()
+    assert ten.bandwidth_Bps == pytest.approx(1.25e9) and ten.latency_s == pytest.approx(1e-4)
+    cm = CostModel.builtin()
+    assert cm.transfer_seconds(1.2e9) == pytest.approx(1.0 + 300e-6)
+    assert cm.transfer_seconds(1.25e9, ten) == pytest.approx(1.0001)
+
+
+def test_fallback_estimate_uses_flops_and_bytes():
+    m = gf.models.speech_mlp(batch=None)
+    cm = CostModel(flop_rates={"*": 1e9}, bandwidth_Bps=1e9, overhead_s=0.0)
+    matmul = m.graph["fc2/matmul"]
+    assert cm.node_seconds(matmul) == pytest.approx(2 * 64 * 2560 * 2560 / 1e9)
+    sig = cm.node_seconds(m.graph["sigmoid_1"])
+    assert sig == pytest.approx(2 * tensor_bytes(m.graph["sigmoid_1"], 64) / 1e9, rel=0.5)
+    assert cm.node_seconds(m.graph["fc2/W"]) == 0.0
+    assert cm.node_seconds(matmul, batch=128) == pytest.approx(2 * cm.node_seconds(matmul))
+
+
+def test_predict_is_fast_on_a_training_graph():
+    import time
+
+    m = gf.models.speech_mlp(batch=64)
+    gf.gradients(m.loss, m.graph.parameters())
+    cm = CostModel.builtin()
+    placement = {n.name: i % 4 for i, n in enumerate(m.graph)}
+    cm.predict(m.graph, placement)
+    t0 = time.perf_counter()
+    p = cm.predict(m.graph, placement)
+    assert time.perf_counter() - t0 < 0.05
+    assert p.step_seconds >= max(p.busy) > 0 and len(p.busy) == 4
+
+
+def test_default_without_cache_is_builtin(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(tmp_path / "none.json"))
+    cm = CostModel.default()
+    assert cm.measured == {} and cm.link == Link.builtin()
+
+
+def test_calibration_smoke_and_cache(tmp_path, monkeypatch):
+    path = tmp_path / "cm.json"
+    monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(path))
+    m = gf.models.digits_lc()
+    gf.gradients(m.loss, m.graph.parameters())
+    cm = CostModel.calibrate(m.graph, batch=8, repeats=1)
+    computed = [n for n in m.graph if n.op not in ("placeholder", "parameter", "constant")]
+    assert all(signature(n, 8) in cm.measured for n in computed)
+    assert all(cm.node_seconds(n, 8) > 0 for n in computed)
+    assert cm.link.bandwidth_Bps > 0 and cm.link.latency_s > 0
+    assert all(rate > 0 for rate in cm.flop_rates.values()) and cm.bandwidth_Bps > 0
+    assert len(json.loads(path.read_text())["machines"]) == 1
+    again = CostModel.default(batch=8)
+    assert again.measured == cm.measured and again.link == cm.link
+    n = m.graph["lc2/local2d"]
+    assert again.node_seconds(n) == cm.node_seconds(n, 8)

@@ -1,0 +1,90 @@
+"""A partitioned training step equals the single-process step: loss, every parameter gradient
+and the parameters after a few SGD steps, for every strategy, 1-4 workers, threads and
+processes."""
+
+import numpy as np
+import pytest
+
+import graphflow as gf
+from graphflow.partitioners import STRATEGIES, partition
+from graphflow.runtime import Cluster
+
+WORKLOADS = {"lc-large": (gf.models.lc_large, (3, 64, 64), 2),
+             "speech-mlp": (gf.models.speech_mlp, (440,), 2),
+             "digits-lc": (gf.models.digits_lc, (1, 32, 32), 4)}
+_REFERENCE: dict = {}
+
+
+def batch(workload, seed=0):
+    _, shape, n = WORKLOADS[workload]
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((n, *shape)).astype(np.float32),
+            "y": rng.integers(0, 10, n).astype(np.int32)}
+
+
+def reference(workload):
+    """Loss and gradients of the whole model in one process (cached per workload)."""
+    if workload not in _REFERENCE:
+        model = WORKLOADS[workload][0](batch=None)
+        grads = gf.gradients(model.loss, model.graph.parameters())
+        feeds = batch(workload)
+        values = gf.Session(model.graph).run([model.loss, *grads.values()],
+                                             {model.x: feeds["x"], model.y: feeds["y"]})
+        _REFERENCE[workload] = (values[0], dict(zip(grads, values[1:])))
+    return _REFERENCE[workload]
+
+
+def assert_close(got, want, what):
+    scale = float(np.abs(want).max()) + 1e-12
+    err = float(np.abs(np.asarray(got) - want).max())
+    assert err <= 1e-5 * scale, f"{what}: max error {err:.3g} vs scale {scale:.3g}"
+
+
+def check_step(workload, strategy, parts, mode):
+    loss, grads = reference(workload)
+    model = WORKLOADS[workload][0](batch=None)
+    plan = partition(model.graph, parts, strategy, loss=model.loss)
+    with Cluster(plan, mode=mode, timeout=60) as cluster:
+        out = cluster.gradients(batch(workload))
+    assert_close(out.pop("loss"), loss, "loss")
+    got = plan.assemble(out)
+    assert set(got) == set(grads)
+    for name, want in grads.items():
+        assert_close(got[name], want, f"gradient of {name}")
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_threads_step_equals_single_process(workload, strategy, parts):
+    check_step(workload, strategy, parts, "threads")
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_processes_step_equals_single_process(strategy, parts):
+    check_step("digits-lc", strategy, parts, "processes")
+
+
+@pytest.mark.parametrize("workload", ["lc-large", "speech-mlp"])
+def test_processes_big_models(workload):
+    check_step(workload, "spatial", 2, "processes")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("workload", ["digits-lc", "lc-large"])
+def test_training_steps_give_the_same_parameters(workload, strategy):
+    steps, lr = 3, 0.05
+    model = WORKLOADS[workload][0](batch=None)
+    trainer = gf.Trainer(model, gf.optim.SGD(lr))
+    batches = [batch(workload, seed) for seed in range(steps)]
+    for b in batches:
+        trainer.step(b["x"], b["y"])
+    plan = partition(WORKLOADS[workload][0](batch=None).graph, 3, strategy,
+                     loss=model.loss)
+    with Cluster(plan, optimizer={"name": "sgd", "lr": lr}, timeout=60) as cluster:
+        for b in batches:
+            cluster.step(b)
+        got = plan.assemble(cluster.params())
+    for name, want in trainer.session.params.items():
+        assert_close(got[name], want, f"parameter {name} after {steps} steps")
