@@ -4,6 +4,7 @@
     graphflow train lc-large --steps 5     a few steps of a reference workload on synthetic data
     graphflow show speech-mlp              the graph, one node a line, and its parameter count
     graphflow ops                          the op table
+    graphflow worker --listen tcp://HOST:PORT   serve a worker for a driver elsewhere
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--backward", action="store_true", help="include the gradient nodes")
 
     sub.add_parser("ops", help="list the registered ops", epilog="example: graphflow ops")
+
+    w = sub.add_parser("worker", help="serve one worker for a driver on another machine",
+                       description="Serve one graphflow worker: a driver (graphflow train "
+                                   "--cluster FILE) ships it a subgraph and runs steps on it.",
+                       epilog="example: graphflow worker --listen tcp://10.0.0.2:5555")
+    w.add_argument("--listen", required=True,
+                   help="control address: tcp://HOST:PORT (or ipc:///PATH)")
     return p
 
 
@@ -120,9 +128,17 @@ def cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    from graphflow.runtime.service import serve
+
+    serve(args.listen, announce=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"train": cmd_train, "show": cmd_show, "ops": cmd_ops}[args.command]
+    handler = {"train": cmd_train, "show": cmd_show, "ops": cmd_ops,
+               "worker": cmd_worker}[args.command]
     try:
         return handler(args)
     except (GraphflowError, ValueError, ImportError) as e:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import tomllib
 import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +39,19 @@ from graphflow.runtime.worker import worker_name
 from graphflow.serialize import graph_to_dict
 from graphflow.transport.endpoint import PeerTimeout
 from graphflow.transport.rpc import RemoteError, RpcClient
+
+
+def read_cluster_file(path: str) -> list[str]:
+    """The worker control addresses listed in a TOML cluster file (`workers = [...]`)."""
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    workers = data.get("workers")
+    if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers):
+        raise ValueError(f"{path}: expected `workers = [\"tcp://HOST:PORT\", ...]`")
+    bad = [w for w in workers if urlparse(w).scheme != "tcp" or not urlparse(w).port]
+    if bad:
+        raise ValueError(f"{path}: worker address {bad[0]!r} is not tcp://HOST:PORT")
+    return workers
 
 
 class WorkerFailed(GraphflowError):
@@ -80,6 +94,14 @@ class Cluster:
             self.close()
             raise
 
+    @classmethod
+    def from_file(cls, plan: Plan, path: str, **kwargs: Any) -> Cluster:
+        """Remote workers named in a TOML cluster file, one per plan part:
+
+            workers = ["tcp://10.0.0.2:5555", "tcp://10.0.0.3:5555"]
+        """
+        return cls(plan, hosts=read_cluster_file(path), **kwargs)
+
     # -- start-up -----------------------------------------------------------------------------
     def _start_workers(self, hosts: Sequence[str] | None) -> list[str]:
         if self.mode == "remote":
@@ -97,7 +119,7 @@ class Cluster:
             else:
                 address = f"ipc://{self._tmp}/control{i}"
                 self._procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "graphflow.runtime.service", "--listen", address],
+                    [sys.executable, "-m", "graphflow.cli", "worker", "--listen", address],
                     stderr=subprocess.DEVNULL))
             addresses.append(address)
         return addresses

@@ -6,7 +6,6 @@ machine (`graphflow worker --listen tcp://HOST:PORT`); only the addresses differ
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
@@ -105,19 +104,3 @@ def serve(listen: str, context: zmq.Context | None = None,
             server.serve_forever(service.handlers(), service.stop)
         finally:
             service.close()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="graphflow worker",
-                                description="Serve one graphflow worker: the driver ships it "
-                                            "a subgraph and runs steps on it.",
-                                epilog="example: graphflow worker --listen tcp://10.0.0.2:5555")
-    p.add_argument("--listen", required=True,
-                   help="control address: tcp://HOST:PORT, ipc:///PATH or inproc://NAME")
-    args = p.parse_args(argv)
-    serve(args.listen, announce=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,294 @@
+"""The data plane: one `Endpoint` per worker moves tensors to and from its peers over ZeroMQ.
+
+Each endpoint binds one PULL socket (its inbox) and opens one PUSH socket per peer it sends to.
+Large arrays go out zero-copy; every receive has a timeout; a peer that does not answer is a
+`PeerTimeout` naming the peer and the key, never a hang.
+
+    >>> with Endpoint("w0", "inproc://doc-w0") as w0, Endpoint("w1", "inproc://doc-w1") as w1:
+    ...     w0.connect("w1", w1.address)
+    ...     _ = w0.send("w1", "fc->w1@mb0", np.arange(4.0), step=0)
+    ...     w1.recv("fc->w1@mb0", expect_from="w0", timeout=5.0)
+    array([0., 1., 2., 3.])
+
+Threads: zmq sockets are not thread-safe. `connect` and `send` belong to one sending thread
+(or any thread before that one starts); `recv_any` and `recv` to one receiving thread; `close`
+runs after both have stopped. The two threads never touch the same socket.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+
+from graphflow.transport.frames import FrameError, TransportError, decode_tensor, encode_tensor
+
+ZERO_COPY_MIN = 64 * 1024      # bytes: smaller arrays are copied (cheaper than tracking)
+HEARTBEAT_MS = (1000, 3000, 6000)  # ZMTP heartbeat interval, timeout, remote TTL
+MAX_STASH = 4096               # tensors received but not yet asked for
+
+
+class PeerTimeout(TransportError):
+    """A peer did not deliver (or accept) a message in time. `.peer` and `.key` name it."""
+
+    def __init__(self, message: str, peer: str = "", key: str = "") -> None:
+        super().__init__(message)
+        self.peer, self.key = peer, key
+
+
+@dataclass(frozen=True)
+class CurveConfig:
+    """CURVE keys of one endpoint (z85 bytes), for traffic that leaves the machine.
+
+    The keypair serves the endpoint's bound socket and authenticates its outgoing connections;
+    only clients whose public key is in `allowed_clients` get through.
+
+        >>> a, b = CurveConfig.generate(), CurveConfig.generate()
+        >>> a = CurveConfig(a.secret_key, a.public_key, allowed_clients=[b.public_key])
+    """
+
+    secret_key: bytes
+    public_key: bytes
+    allowed_clients: Collection[bytes] = ()
+
+    @classmethod
+    def generate(cls, allowed_clients: Collection[bytes] = ()) -> CurveConfig:
+        """A fresh keypair (zmq.curve_keypair) with the given allow-list."""
+        public, secret = zmq.curve_keypair()
+        return cls(secret, public, tuple(allowed_clients))
+
+
+class _AllowList:
+    """ZAP credentials provider: ZAP domain -> allowed client public keys (z85)."""
+
+    def __init__(self) -> None:
+        self.domains: dict[str, frozenset[bytes]] = {}
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self.domains.get(domain, frozenset())
+
+
+_AUTH_LOCK = threading.Lock()
+_AUTH: dict[int, tuple[ThreadAuthenticator, _AllowList]] = {}  # one ZAP handler per context
+
+
+def _allow(context: zmq.Context, domain: str, keys: Collection[bytes]) -> None:
+    with _AUTH_LOCK:
+        if id(context) not in _AUTH:
+            auth = ThreadAuthenticator(context)
+            auth.start()
+            _AUTH[id(context)] = (auth, _AllowList())
+        auth, allow = _AUTH[id(context)]
+        allow.domains[domain] = frozenset(keys)
+        auth.configure_curve_callback(domain, allow)
+
+
+def _disallow(context: zmq.Context, domain: str) -> None:
+    with _AUTH_LOCK:
+        auth, allow = _AUTH[id(context)]
+        allow.domains.pop(domain, None)
+        auth.credentials_providers.pop(domain, None)
+        if not allow.domains:
+            auth.stop()
+            del _AUTH[id(context)]
+
+
+def tune(sock: zmq.Socket, hwm: int, linger_ms: int) -> zmq.Socket:
+    """Common options: small queues, bounded linger, ZMTP heartbeats (dead peers are noticed)."""
+    sock.linger = linger_ms
+    sock.sndhwm = sock.rcvhwm = hwm
+    ivl, timeout, ttl = HEARTBEAT_MS
+    sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, ttl)
+    return sock
+
+
+class Endpoint:
+    """One worker's tensor inbox (bound PULL) and outboxes (a PUSH per peer).
+
+    `bind` is "inproc://NAME", "ipc:///PATH", "tcp://HOST:PORT" or "tcp://HOST:*"; `.address`
+    is what peers connect to (the real port). `timeout` (s) bounds every send and is the
+    default receive timeout. `hwm` is the queue length in messages per socket.
+
+        >>> ep = Endpoint("w0", "tcp://127.0.0.1:*")
+        >>> ep.address.startswith("tcp://127.0.0.1:")
+        True
+        >>> ep.close()
+    """
+
+    def __init__(self, name: str, bind: str, context: zmq.Context | None = None,
+                 timeout: float = 30.0, *, curve: CurveConfig | None = None, hwm: int = 16,
+                 max_msg_size: int = 1 << 30, linger: float = 1.0) -> None:
+        self.name, self.timeout, self.curve = name, timeout, curve
+        self._ctx = context if context is not None else zmq.Context.instance()
+        self._hwm, self._linger_ms = hwm, int(linger * 1000)
+        self._push: dict[str, zmq.Socket] = {}
+        self._stash: defaultdict[str, deque[tuple[dict[str, Any], np.ndarray]]] = \
+            defaultdict(deque)
+        self._stashed, self._rcvtimeo = 0, -1
+        self._domain = ""
+        self._pull = tune(self._ctx.socket(zmq.PULL), hwm, self._linger_ms)
+        self._pull.maxmsgsize = max_msg_size
+        try:
+            if curve is not None:
+                self._serve_curve(curve)
+            self._pull.bind(bind)
+        except Exception:
+            self.close()
+            raise
+        self.address: str = self._pull.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def _serve_curve(self, curve: CurveConfig) -> None:
+        self._domain = f"graphflow/{self.name}/{id(self)}"
+        _allow(self._ctx, self._domain, curve.allowed_clients)
+        self._pull.curve_secretkey = curve.secret_key
+        self._pull.curve_publickey = curve.public_key
+        self._pull.curve_server = True
+        self._pull.zap_domain = self._domain.encode()
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.name!r}, {getattr(self, 'address', '?')!r})"
+
+    def connect(self, peer: str, address: str, server_public: bytes | None = None) -> None:
+        """Open the PUSH socket to `peer` at `address` (its Endpoint's `.address`).
+
+        With `server_public` (the peer's CURVE public key) the connection is encrypted and
+        authenticated with this endpoint's own CurveConfig keypair.
+        """
+        if peer in self._push:
+            raise TransportError(f"{self.name}: peer {peer!r} is already connected")
+        sock = tune(self._ctx.socket(zmq.PUSH), self._hwm, self._linger_ms)
+        sock.sndtimeo = max(0, int(self.timeout * 1000))
+        sock.immediate = 1  # queue only on live connections: a missing peer blocks the send
+        if server_public is not None:
+            if self.curve is None:
+                sock.close(0)
+                raise TransportError(f"{self.name}: connect({peer!r}, server_public=...) needs "
+                                     "Endpoint(..., curve=CurveConfig(...))")
+            sock.curve_secretkey = self.curve.secret_key
+            sock.curve_publickey = self.curve.public_key
+            sock.curve_serverkey = server_public
+        sock.connect(address)
+        self._push[peer] = sock
+
+    def send(self, peer: str, key: str, array: Any, step: int = 0) -> zmq.MessageTracker | None:
+        """Send `array` to `peer` under `key`; raises PeerTimeout if not queued within timeout.
+
+        Arrays of at least 64 KiB go out without a copy and a MessageTracker is returned: do not
+        modify the array until `tracker.done` (inproc hands the receiver this very memory).
+        Smaller arrays are copied and None is returned.
+        """
+        sock = self._push.get(peer)
+        if sock is None:
+            raise TransportError(f"{self.name}: no peer {peer!r} to send {key!r} to "
+                                 f"(connected: {', '.join(self._push) or 'none'})")
+        header, a = encode_tensor(key, self.name, array, step)
+        try:
+            sock.send(header, zmq.SNDMORE)
+            if a.nbytes >= ZERO_COPY_MIN:
+                return sock.send(a, copy=False, track=True)
+            sock.send(a, copy=True)
+            return None
+        except zmq.Again:
+            raise PeerTimeout(f"{self.name}: could not send tensor {key!r} to {peer} within "
+                              f"{self.timeout:g}s (peer not connected, or its queue of "
+                              f"{self._hwm} messages is full)", peer, key) from None
+
+    def recv_any(self, timeout: float | None = None) -> tuple[dict[str, Any], np.ndarray] | None:
+        """The next tensor from any peer as (meta, array), or None after `timeout` seconds.
+
+        meta is the header: key, src, dtype, shape, step. The array is read-only (it views the
+        received message). A malformed message is consumed and raises FrameError.
+        """
+        for key, queue in self._stash.items():
+            self._stashed -= 1
+            item = queue.popleft()
+            if not queue:
+                del self._stash[key]
+            return item
+        return self._recv_wire(self.timeout if timeout is None else timeout)
+
+    def _recv_wire(self, timeout: float) -> tuple[dict[str, Any], np.ndarray] | None:
+        ms = max(0, int(timeout * 1000))
+        if ms != self._rcvtimeo:  # a blocking recv with RCVTIMEO: one call, GIL released
+            self._pull.rcvtimeo = self._rcvtimeo = ms
+        try:
+            frames = self._pull.recv_multipart(copy=False)
+        except zmq.Again:
+            return None
+        if len(frames) != 2:
+            raise FrameError(f"{self.name}: received a message of {len(frames)} frames, "
+                             "expected 2 (header, buffer)")
+        return decode_tensor(frames[0], frames[1])
+
+    def recv(self, key: str, expect_from: str, timeout: float | None = None,
+             step: int | None = None) -> np.ndarray:
+        """Wait for tensor `key` from `expect_from` (and `step`, if given); other tensors that
+        arrive meanwhile are stashed for later calls. Raises PeerTimeout after `timeout` s.
+
+        Tensors with the same key come back in arrival order (one peer's order is kept).
+        """
+        wait = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        item = self._take(key, step) if self._stashed else None
+        while item is None:
+            left = deadline - time.monotonic()
+            got = self._recv_wire(left) if left > 0 else None
+            if got is None:
+                if time.monotonic() >= deadline:
+                    raise PeerTimeout(f"{self.name}: no tensor {key!r} from {expect_from} "
+                                      f"within {wait:g}s", expect_from, key)
+            elif got[0]["key"] == key and (step is None or got[0]["step"] == step):
+                item = got
+            else:
+                self._put(*got)
+        meta, array = item
+        if meta["src"] != expect_from:
+            raise FrameError(f"{self.name}: tensor {key!r} came from {meta['src']!r}, "
+                             f"expected {expect_from!r}")
+        return array
+
+    def _put(self, meta: dict[str, Any], array: np.ndarray) -> None:
+        if self._stashed >= MAX_STASH:
+            raise TransportError(f"{self.name}: {self._stashed} tensors received but not asked "
+                                 f"for (keys: {', '.join(list(self._stash)[:8])}, ...)")
+        self._stash[meta["key"]].append((meta, array))
+        self._stashed += 1
+
+    def _take(self, key: str, step: int | None) -> tuple[dict[str, Any], np.ndarray] | None:
+        queue = self._stash.get(key)
+        if not queue:
+            return None
+        for i, item in enumerate(queue):
+            if step is None or item[0]["step"] == step:
+                del queue[i]
+                self._stashed -= 1
+                if not queue:
+                    del self._stash[key]
+                return item
+        return None
+
+    def close(self) -> None:
+        """Close every socket (idempotent). Queued outgoing messages get `linger` to leave."""
+        for sock in self._push.values():
+            sock.close()
+        self._push.clear()
+        if not self._pull.closed:
+            self._pull.close()
+        if self._domain:
+            _disallow(self._ctx, self._domain)
+            self._domain = ""
+
+    def __enter__(self) -> Endpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

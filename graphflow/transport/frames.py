@@ -1,0 +1,219 @@
+"""Wire format: a tensor is [msgpack header, raw buffer]; control messages carry arrays likewise.
+
+Everything decoded here is untrusted: headers are size-capped and unpacked with small msgpack
+limits, dtypes come from an allow-list, and the byte count is checked before the buffer is viewed as an array.
+Arrays are native-endian (the machines here are all little-endian).
+
+    >>> frames = encode_tensor("lc1/relu->w1@mb0", "w0", np.ones((2, 3), np.float32), step=4)
+    >>> meta, x = decode_tensor(bytes(frames[0]), bytes(frames[1]))
+    >>> meta["key"], meta["step"], x.shape
+    ('lc1/relu->w1@mb0', 4, (2, 3))
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from graphflow.errors import GraphflowError
+
+DTYPES = frozenset({"float32", "float64", "int32", "int64", "uint8"})
+_NATIVE = {np.dtype(n): n for n in DTYPES}       # native dtype -> wire name (fast path)
+_BY_NAME = {n: np.dtype(n) for n in DTYPES}
+MAX_DIMS = 8
+TENSOR_HEADER_MAX = 4096                # bytes
+CONTROL_HEADER_MAX = 16 * 1024 * 1024   # bytes; plans are about 1 MB of msgpack
+_ND_EXT = 1                             # msgpack ExtType code of an array reference
+
+_unpackb = functools.partial(msgpack.unpackb, raw=False, strict_map_key=True)
+_TENSOR_UNPACK = functools.partial(_unpackb, max_str_len=1024, max_bin_len=0,
+                                   max_array_len=64, max_map_len=16, max_ext_len=0)
+_CONTROL_UNPACK = functools.partial(_unpackb, max_str_len=4 * 1024 * 1024,
+                                    max_bin_len=CONTROL_HEADER_MAX, max_array_len=1 << 21,
+                                    max_map_len=1 << 20, max_ext_len=256)
+_REF_UNPACK = functools.partial(_unpackb, max_str_len=16, max_bin_len=0,
+                                max_array_len=MAX_DIMS + 1, max_map_len=0, max_ext_len=0)
+
+
+class TransportError(GraphflowError):
+    """Base class of the transport's errors (bad frames, silent peers, remote failures)."""
+
+
+class FrameError(TransportError):
+    """A received message is malformed or hostile: it names the key / sender when known."""
+
+
+def _where(key: Any = None, src: Any = None) -> str:
+    parts = [f"tensor {key!r}" if isinstance(key, str) else "message"]
+    if isinstance(src, str):
+        parts.append(f"from {src!r}")
+    return " ".join(parts)
+
+
+def _text(where: Any) -> str:
+    return where() if callable(where) else where
+
+
+def _view(frame: Any) -> memoryview:
+    """A flat byte view of bytes, a memoryview, an ndarray or a zmq.Frame."""
+    if isinstance(frame, np.ndarray):
+        frame = np.ascontiguousarray(frame).reshape(-1).view(np.uint8)
+    view = memoryview(getattr(frame, "buffer", frame))
+    if view.ndim == 1 and view.format in ("B", "b", "c"):
+        return view
+    try:
+        return view.cast("B")
+    except TypeError as e:
+        raise FrameError(f"payload is not a flat byte buffer ({e})") from None
+
+
+def wire_array(array: Any, what: Any = "array") -> tuple[np.ndarray, str]:
+    """(`array` as a C-contiguous native-endian ndarray, its dtype name); copies if needed."""
+    a = np.asarray(array)
+    name = _NATIVE.get(a.dtype)
+    if name is None:
+        if a.dtype.name not in DTYPES:
+            raise FrameError(f"{_text(what)}: dtype {a.dtype.str!r} cannot be sent "
+                             f"(allowed: {', '.join(sorted(DTYPES))})")
+        name = a.dtype.name
+        a = a.astype(a.dtype.newbyteorder("="))
+    return (a if a.flags.c_contiguous else a.copy(order="C")), name
+
+
+def check_array(dtype: Any, shape: Any, buffer: Any, where: Any) -> np.ndarray:
+    """Validate an untrusted (dtype, shape, buffer); a read-only array viewing the buffer.
+
+    `where` (a str, or a callable returning one) prefixes error messages.
+    """
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise FrameError(f"{_text(where)}: dtype {dtype!r} is not allowed "
+                         f"(allowed: {', '.join(sorted(DTYPES))})")
+    if not isinstance(shape, list | tuple) or len(shape) > MAX_DIMS:
+        raise FrameError(f"{_text(where)}: shape must be a list of at most {MAX_DIMS} ints, "
+                         f"got {shape!r}")
+    if not all(type(d) is int and d >= 0 for d in shape):
+        raise FrameError(f"{_text(where)}: shape {list(shape)} has a negative or non-integer dim")
+    view = _view(buffer)
+    dt = _BY_NAME[dtype]
+    want = math.prod(shape) * dt.itemsize
+    if want != view.nbytes:
+        raise FrameError(f"{_text(where)}: shape {list(shape)} {dtype} needs {want} bytes, "
+                         f"the payload has {view.nbytes}")
+    a = np.ndarray(shape, dt, view)
+    if not a.flags.aligned:
+        a = a.copy()
+    a.flags.writeable = False  # it may be the sender's memory (inproc): never write through it
+    return a
+
+
+def _unpack(data: Any, limit: int, unpack: Any, where: str, **kw: Any) -> Any:
+    view = _view(data)
+    if view.nbytes > limit:
+        raise FrameError(f"{where}: header of {view.nbytes} bytes exceeds the {limit}-byte cap")
+    try:
+        return unpack(view, **kw)
+    except FrameError:
+        raise
+    except (ValueError, TypeError, msgpack.UnpackException) as e:
+        raise FrameError(f"{where}: bad msgpack header ({type(e).__name__}: {e})") from None
+
+
+# ---- tensors: [header {key, src, dtype, shape, step}, raw buffer] -------------------------------
+
+def encode_tensor(key: str, src: str, array: Any, step: int = 0) -> list[Any]:
+    """The two frames of a tensor message: [header bytes, C-contiguous ndarray].
+
+    The array itself is the second frame so that zmq can send it without copying.
+
+        >>> header, buf = encode_tensor("k", "w0", np.arange(3.0))
+        >>> buf.flags.c_contiguous, isinstance(header, bytes)
+        (True, True)
+    """
+    a, dtype = wire_array(array, lambda: _where(key, src))
+    header = msgpack.packb({"key": key, "src": src, "dtype": dtype,
+                            "shape": list(a.shape), "step": int(step)})
+    if len(header) > TENSOR_HEADER_MAX:
+        raise FrameError(f"{_where(key, src)}: header of {len(header)} bytes exceeds "
+                         f"{TENSOR_HEADER_MAX} (key too long?)")
+    return [header, a]
+
+
+def decode_tensor(header: Any, buffer: Any) -> tuple[dict[str, Any], np.ndarray]:
+    """Validate an untrusted tensor message: (meta, read-only array viewing `buffer`).
+
+        >>> meta, x = decode_tensor(*encode_tensor("k", "w0", np.zeros((0, 4), np.int32)))
+        >>> x.shape, meta["src"]
+        ((0, 4), 'w0')
+    """
+    meta = _unpack(header, TENSOR_HEADER_MAX, _TENSOR_UNPACK, "tensor header")
+    if not isinstance(meta, dict):
+        raise FrameError(f"tensor header: expected a map, got {type(meta).__name__}")
+    where = lambda: _where(meta.get("key"), meta.get("src"))  # noqa: E731 - built on error only
+    for field, kind in (("key", str), ("src", str), ("step", int)):
+        if not isinstance(meta.get(field), kind) or isinstance(meta.get(field), bool):
+            raise FrameError(f"{where()}: header field {field!r} must be {kind.__name__}, "
+                             f"got {meta.get(field)!r}")
+    return meta, check_array(meta.get("dtype"), meta.get("shape"), buffer, where)
+
+
+# ---- control messages: nested msgpack data with arrays moved to their own frames ---------------
+
+def encode_message(obj: Any) -> list[Any]:
+    """Frames of a control message: [msgpack header, array frames...].
+
+    `obj` is nested dicts (str keys) / lists / tuples / str / int / float / bool / None / bytes
+    and ndarrays anywhere; each array becomes its own zero-copy frame, referenced from the header
+    by a msgpack extension (index, dtype, shape). Numpy scalars become Python scalars.
+
+        >>> frames = encode_message({"w": np.ones(3, np.float32), "lr": 0.1})
+        >>> len(frames), decode_message(frames)["lr"]
+        (2, 0.1)
+    """
+    arrays: list[np.ndarray] = []
+
+    def default(o: Any) -> Any:
+        if isinstance(o, np.ndarray):
+            a, dtype = wire_array(o)
+            arrays.append(a)
+            ref = msgpack.packb([len(arrays) - 1, dtype, *a.shape])
+            return msgpack.ExtType(_ND_EXT, ref)
+        if isinstance(o, np.generic):
+            return o.item()
+        raise FrameError(f"message: cannot encode a {type(o).__name__}")
+
+    header = msgpack.packb(obj, default=default)
+    if len(header) > CONTROL_HEADER_MAX:
+        raise FrameError(f"message: header of {len(header)} bytes exceeds {CONTROL_HEADER_MAX}")
+    return [header, *arrays]
+
+
+def decode_message(frames: list[Any]) -> Any:
+    """Validate and decode the frames of `encode_message` (arrays view their frames)."""
+    if not frames:
+        raise FrameError("message: no frames")
+    payloads = frames[1:]
+    used: set[int] = set()
+
+    def ext_hook(code: int, data: bytes) -> Any:
+        if code != _ND_EXT:
+            raise FrameError(f"message: unknown msgpack extension type {code}")
+        ref = _unpack(data, 256, _REF_UNPACK, "message array reference")
+        if not isinstance(ref, list) or len(ref) < 2 or type(ref[0]) is not int:
+            raise FrameError(f"message: bad array reference {ref!r}")
+        index = ref[0]
+        if not 0 <= index < len(payloads) or index in used:
+            raise FrameError(f"message: array reference {index} does not match one of the "
+                             f"{len(payloads)} array frames")
+        used.add(index)
+        return check_array(ref[1], ref[2:], payloads[index], f"message array {index}")
+
+    obj = _unpack(frames[0], CONTROL_HEADER_MAX, _CONTROL_UNPACK, "message",
+                  ext_hook=ext_hook)
+    if len(used) != len(payloads):
+        raise FrameError(f"message: {len(payloads)} array frames but the header references "
+                         f"{len(used)}")
+    return obj

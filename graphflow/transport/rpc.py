@@ -1,0 +1,183 @@
+"""The control plane: request/reply between the driver and each worker (ROUTER / DEALER).
+
+A request is {"id": n, "method": str, "args": {...}} and a reply {"id": n, "ok": True,
+"result": ...} or {"id": n, "ok": False, "error": "TypeName: message"}, both encoded with
+`encode_message` (arrays travel as their own frames). A handler's exception becomes an error
+reply, never a dead server; a client discards replies to requests it has given up on.
+
+    >>> server = RpcServer("inproc://doc-rpc")
+    >>> t = threading.Thread(target=server.handle_one, args=({"add": lambda a, b: a + b}, 5.0))
+    >>> t.start()
+    >>> client = RpcClient(server.address, "w0", timeout=5.0)
+    >>> client.call("add", a=2, b=3)
+    5
+    >>> t.join(); client.close(); server.close()
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import zmq
+
+from graphflow.transport.endpoint import PeerTimeout, tune
+from graphflow.transport.frames import FrameError, TransportError, decode_message, encode_message
+
+Handlers = Mapping[str, Callable[..., Any]]
+
+
+class RemoteError(TransportError):
+    """A handler on the peer raised: `.peer` names it, `.remote` is "TypeName: message"."""
+
+    def __init__(self, message: str, peer: str = "", remote: str = "") -> None:
+        super().__init__(message)
+        self.peer, self.remote = peer, remote
+
+
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+class RpcServer:
+    """A ROUTER socket answering requests with `handlers` (method name -> callable(**args)).
+
+    Arrays in results are copied into the reply (a handler may go on updating them); with
+    `copy_results=False` they go out zero-copy, so handlers must not modify what they return.
+    Argument arrays are read-only views of the request (over inproc, the caller's memory):
+    a handler that keeps one should keep a copy.
+
+        >>> with RpcServer("tcp://127.0.0.1:*") as s:
+        ...     s.handle_one({}, timeout=0.01)
+        False
+    """
+
+    def __init__(self, bind: str, context: zmq.Context | None = None, *, hwm: int = 64,
+                 max_msg_size: int = 1 << 30, linger: float = 1.0,
+                 copy_results: bool = True) -> None:
+        self._copy = copy_results
+        self._ctx = context if context is not None else zmq.Context.instance()
+        self._sock = tune(self._ctx.socket(zmq.ROUTER), hwm, int(linger * 1000))
+        self._sock.maxmsgsize = max_msg_size
+        self._sock.sndtimeo = 0  # ROUTER drops replies to vanished clients; never block on one
+        try:
+            self._sock.bind(bind)
+        except zmq.ZMQError:
+            self._sock.close(0)
+            raise
+        self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def handle_one(self, handlers: Handlers, timeout: float) -> bool:
+        """Answer at most one request that arrives within `timeout` s; True if one was."""
+        if not self._sock.poll(max(0, int(timeout * 1000))):
+            return False
+        try:
+            identity, *frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        reply = self._dispatch(handlers, frames)
+        try:
+            out = encode_message(reply)
+        except Exception as e:  # noqa: BLE001 - an unencodable result is the caller's error
+            out = encode_message({"id": reply.get("id"), "ok": False,
+                                  "error": f"result cannot be sent back: {_error(e)}"})
+        try:
+            self._sock.send_multipart([identity, *out], copy=self._copy)
+        except zmq.ZMQError:
+            pass  # the client is gone; it will time out on its side
+        return True
+
+    def _dispatch(self, handlers: Handlers, frames: list[Any]) -> dict[str, Any]:
+        try:
+            request = decode_message(frames)
+        except FrameError as e:
+            return {"id": None, "ok": False, "error": _error(e)}
+        if not isinstance(request, dict) or not isinstance(request.get("method"), str) \
+                or not isinstance(request.get("args", {}), dict):
+            return {"id": None, "ok": False, "error": "FrameError: malformed request"}
+        rid, method = request.get("id"), request["method"]
+        fn = handlers.get(method)
+        if fn is None:
+            return {"id": rid, "ok": False, "error": f"LookupError: no method {method!r} "
+                                                     f"(have: {', '.join(sorted(handlers))})"}
+        try:
+            return {"id": rid, "ok": True, "result": fn(**request.get("args", {}))}
+        except Exception as e:  # noqa: BLE001 - any handler failure goes back to the caller
+            return {"id": rid, "ok": False, "error": _error(e)}
+
+    def serve_forever(self, handlers: Handlers, stop: threading.Event | None = None,
+                      poll: float = 0.1) -> None:
+        """Answer requests until `stop` is set (checked every `poll` s)."""
+        while stop is None or not stop.is_set():
+            self.handle_one(handlers, poll)
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        if not self._sock.closed:
+            self._sock.close()
+
+    def __enter__(self) -> RpcServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RpcClient:
+    """A DEALER socket calling one server; one outstanding call at a time (one thread).
+
+    `peer_name` names the server in errors; `timeout` (s) is the default per call.
+    """
+
+    def __init__(self, address: str, peer_name: str, timeout: float,
+                 context: zmq.Context | None = None, *, linger: float = 0.0) -> None:
+        self.peer, self.timeout = peer_name, timeout
+        self._ctx = context if context is not None else zmq.Context.instance()
+        self._sock = tune(self._ctx.socket(zmq.DEALER), 64, int(linger * 1000))
+        self._sock.sndtimeo = max(0, int(timeout * 1000))
+        self._ids = itertools.count(1)
+        self._sock.connect(address)
+
+    def call(self, method: str, timeout: float | None = None, **args: Any) -> Any:
+        """Run `method(**args)` on the server and return its result.
+
+        Raises RemoteError if the handler raised, PeerTimeout if no reply came in time.
+        Argument arrays go out zero-copy; `method` and `timeout` cannot be argument names.
+
+            result = client.call("run_step", step=3, feeds={"x": batch})
+        """
+        wait = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        rid = next(self._ids)
+        late = PeerTimeout(f"no reply from {self.peer} to {method!r} within {wait:g}s",
+                           self.peer, method)
+        try:
+            self._sock.send_multipart(encode_message({"id": rid, "method": method,
+                                                      "args": args}), copy=False)
+        except zmq.Again:
+            raise late from None
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sock.poll(max(1, int(left * 1000))):
+                raise late
+            reply = decode_message(self._sock.recv_multipart(copy=False))
+            if not isinstance(reply, dict) or reply.get("id") != rid:
+                continue  # a late reply to a call that already timed out
+            if reply.get("ok"):
+                return reply.get("result")
+            remote = str(reply.get("error"))
+            raise RemoteError(f"{self.peer}: {method!r} failed: {remote}", self.peer, remote)
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        if not self._sock.closed:
+            self._sock.close()
+
+    def __enter__(self) -> RpcClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
