@@ -88,3 +88,36 @@ def test_training_steps_give_the_same_parameters(workload, strategy):
         got = plan.assemble(cluster.params())
     for name, want in trainer.session.params.items():
         assert_close(got[name], want, f"parameter {name} after {steps} steps")
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("parts", [2, 3])
+@pytest.mark.parametrize("workload", ["speech-mlp", "digits-lc"])
+def test_pipelined_layerwise_step_equals_single_process(workload, parts, schedule):
+    loss, grads = reference(workload)
+    model = WORKLOADS[workload][0](batch=None)
+    plan = partition(model.graph, parts, "layerwise", loss=model.loss)
+    with Cluster(plan, microbatches=2, schedule=schedule, timeout=60) as cluster:
+        out = cluster.gradients(batch(workload))
+    assert_close(out.pop("loss"), loss, "loss")
+    got = plan.assemble(out)
+    for name, want in grads.items():
+        assert_close(got[name], want, f"gradient of {name}")
+
+
+def test_pipelining_refuses_a_non_linear_plan():
+    model = gf.models.digits_lc()
+    plan = partition(model.graph, 2, "spatial", loss=model.loss)
+    with pytest.raises(ValueError, match="layerwise plan"):
+        Cluster(plan, microbatches=2)
+
+
+def test_each_tensor_crosses_once_per_destination_at_run_time():
+    model = gf.models.lc_large(batch=None)
+    plan = partition(model.graph, 3, "spatial", loss=model.loss)
+    with Cluster(plan, timeout=60) as cluster:
+        cluster.gradients(batch("lc-large"))
+        stats = cluster.stats()
+    sent = [key for s in stats for key in s["sent_keys"]]
+    assert len(sent) == len(set(sent)) == len(plan.transfers)
+    assert sum(s["bytes_sent"] for s in stats) == sum(t.nbytes(2) for t in plan.transfers)

@@ -34,6 +34,7 @@ import zmq
 
 from graphflow.errors import GraphflowError
 from graphflow.partitioners.plan import Plan
+from graphflow.runtime import pipeline
 from graphflow.runtime.service import serve
 from graphflow.runtime.worker import worker_name
 from graphflow.serialize import graph_to_dict
@@ -64,10 +65,13 @@ class WorkerFailed(GraphflowError):
 
 class Cluster:
     """Runs `plan` on its workers. `optimizer` ({"name": "sgd", "lr": 0.1}) updates each
-    worker's parameters in place after every `step`; `timeout` bounds every wait."""
+    worker's parameters in place after every `step`; `timeout` bounds every wait. With
+    `microbatches` > 1 each batch is cut into that many micro-batches that flow through a
+    layerwise plan's stages in `schedule` order ("gpipe" or "1f1b"), gradients averaged."""
 
     def __init__(self, plan: Plan, mode: str = "threads", hosts: Sequence[str] | None = None,
-                 optimizer: Mapping[str, Any] | None = None, timeout: float = 30.0) -> None:
+                 optimizer: Mapping[str, Any] | None = None, timeout: float = 30.0,
+                 microbatches: int = 1, schedule: str = "1f1b") -> None:
         if mode not in ("threads", "processes", "remote"):
             raise ValueError(f"unknown mode '{mode}': threads, processes or remote")
         if hosts is not None:
@@ -76,6 +80,10 @@ class Cluster:
                 raise ValueError(f"the plan has {plan.parts} parts but {len(hosts)} hosts "
                                  "were given")
         self.plan, self.mode, self.timeout = plan, mode, timeout
+        if microbatches > 1:
+            pipeline.schedule(schedule, 0, plan.parts, microbatches)  # validates the arguments
+            pipeline.check_linear([(t.key, t.src, t.dst) for t in plan.transfers])
+        self.microbatches, self.schedule = microbatches, schedule
         self.names = [worker_name(i) for i in range(plan.parts)]
         self.context = zmq.Context.instance()
         self._run = uuid.uuid4().hex[:8]
@@ -135,7 +143,7 @@ class Cluster:
         self._call_all("hello", {})
         loads = [{"index": i, "graph": graph_to_dict(w.graph), "grads": self.plan.grads,
                   "data_bind": self._data_bind(i, c), "optimizer": dict(optimizer or {}),
-                  "timeout": self.timeout}
+                  "timeout": self.timeout, "stages": self.plan.parts}
                  for i, (w, c) in enumerate(zip(self.plan.workers, self.control, strict=True))]
         data = self._call_each("load", loads)
         self._call_all("connect", {"peers": dict(zip(self.names, data, strict=True))})
@@ -177,7 +185,8 @@ class Cluster:
                  for w in self.plan.workers]
         args = [{"feeds": {k: v for k, v in feeds.items() if k in needs[i]},
                  "fetches": wanted[i], "step": self.step_count, "train": train,
-                 "check_numerics": check_numerics} for i in range(self.plan.parts)]
+                 "check_numerics": check_numerics, "microbatches": self.microbatches,
+                 "schedule": self.schedule} for i in range(self.plan.parts)]
         results = self._call_each("step", args)
         self.step_count += 1
         return {k: v for r in results for k, v in r.items()}

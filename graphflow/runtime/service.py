@@ -44,13 +44,13 @@ class WorkerService:
 
     def load(self, index: int, graph: dict[str, Any], grads: Mapping[str, str],
              data_bind: str, optimizer: Mapping[str, Any] | None = None,
-             timeout: float = 30.0) -> str:
+             timeout: float = 30.0, stages: int = 1) -> str:
         """Take this worker's subgraph; bind its data endpoint; return the endpoint address."""
         if self.worker is not None:
             self.worker.close()
         endpoint = Endpoint(worker_name(index), data_bind, self.context, timeout)
         self.worker = Worker(index, graph_from_dict(graph), endpoint, grads,
-                             make_optimizer(optimizer), timeout)
+                             make_optimizer(optimizer), timeout, stages)
         return endpoint.address
 
     def connect(self, peers: Mapping[str, str]) -> None:
@@ -61,8 +61,10 @@ class WorkerService:
             w.endpoint.connect(peer, peers[peer])
 
     def step(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str], step: int,
-             train: bool = True, check_numerics: bool = False) -> dict[str, np.ndarray]:
-        return self._loaded().run_step(feeds, list(fetches), step, train, check_numerics)
+             train: bool = True, check_numerics: bool = False, microbatches: int = 1,
+             schedule: str = "1f1b") -> dict[str, np.ndarray]:
+        return self._loaded().run_step(feeds, list(fetches), step, train, check_numerics,
+                                       microbatches, schedule)
 
     def get_params(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         params = self._loaded().params

@@ -13,6 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from graphflow.init import initial_value
 from graphflow.ir import Graph, Node
 from graphflow.ops.registry import REGISTRY
 from graphflow.optim import OPTIMIZERS, Optimizer
+from graphflow.runtime import pipeline
 from graphflow.transport.endpoint import Endpoint, PeerTimeout
 
 POLL = 0.05  # seconds the helper threads wait before checking for shutdown
@@ -30,6 +32,31 @@ POLL = 0.05  # seconds the helper threads wait before checking for shutdown
 
 class StepFailed(GraphflowError):
     """A worker could not finish a step (a peer did not deliver in time, a kernel failed)."""
+
+
+@dataclass
+class _Run:
+    """One micro-batch's values and, per value, how many of its users have yet to run."""
+
+    values: dict[Node, np.ndarray]
+    pending_users: dict[Node, int]
+
+
+def _split_batch(name: str, value: np.ndarray, parts: int) -> list[np.ndarray]:
+    if parts == 1:
+        return [value]
+    if value.ndim == 0 or len(value) % parts:
+        raise ValueError(f"feed '{name}' of shape {value.shape}: its batch does not split into "
+                         f"{parts} equal micro-batches")
+    return np.split(value, parts)
+
+
+def _combine(name: str, values: list[np.ndarray], is_gradient: bool) -> np.ndarray:
+    if len(values) == 1:
+        return values[0]
+    if is_gradient or values[0].ndim == 0:  # per-micro-batch means: average them
+        return np.asarray(np.mean(values, axis=0), dtype=values[0].dtype)
+    return np.concatenate(values)
 
 
 def worker_name(index: int) -> str:
@@ -40,7 +67,8 @@ class Worker:
     """Executes one worker's subgraph; owns its parameters and their optimizer state."""
 
     def __init__(self, index: int, graph: Graph, endpoint: Endpoint, grads: Mapping[str, str],
-                 optimizer: Optimizer | None = None, timeout: float = 30.0) -> None:
+                 optimizer: Optimizer | None = None, timeout: float = 30.0,
+                 stages: int = 1) -> None:
         self.index, self.graph, self.endpoint = index, graph, endpoint
         self.timeout = timeout
         self.optimizer = optimizer
@@ -54,6 +82,11 @@ class Worker:
             for x in n.inputs:
                 self.users[x].append(n)
         self.recvs = {n.attrs["key"]: n for n in self.order if n.op == "recv"}
+        self.grad_nodes = set(self.grads.values())
+        self.stages = stages
+        backward = [n for n in self.order if pipeline.is_backward(n)]
+        self.phases = {"FB": self.order, "B": backward,
+                       "F": [n for n in self.order if n not in set(backward)]}
         self.bytes_sent = self.bytes_received = 0
         self.sent_keys: list[str] = []
         self._inbox: queue.Queue[tuple[dict[str, Any], np.ndarray]] = queue.Queue()
@@ -71,23 +104,46 @@ class Worker:
 
     # -- the step -----------------------------------------------------------------------------
     def run_step(self, feeds: Mapping[str, np.ndarray], fetches: list[str], step: int,
-                 train: bool = True, check_numerics: bool = False) -> dict[str, np.ndarray]:
-        """Run the whole subgraph once; update parameters when `train`; return local fetches."""
-        values = self._dataflow(feeds, set(fetches) | set(self.grads.values()), step,
-                                check_numerics)
+                 train: bool = True, check_numerics: bool = False, microbatches: int = 1,
+                 schedule: str = "1f1b") -> dict[str, np.ndarray]:
+        """Run the subgraph once per micro-batch, in the order of the pipeline schedule; with
+        `train`, update the parameters from the gradients averaged over the micro-batches.
+
+        Fetched scalars and gradients are averaged over micro-batches, other values joined
+        along the batch axis.
+        """
+        if microbatches == 1:
+            tasks: list[tuple[str, int]] = [("FB", 0)]
+        else:
+            tasks = pipeline.schedule(schedule, self.index, self.stages, microbatches)
+        parts = {k: _split_batch(k, v, microbatches) for k, v in feeds.items()}
+        keep = set(fetches) | set(self.grads.values())
+        runs: dict[int, _Run] = {}
+        got: dict[str, list[np.ndarray]] = {name: [] for name in keep}
+        for phase, mb in tasks:
+            run = runs.setdefault(mb, _Run({}, {n: len(self.users[n]) for n in self.order}))
+            self._dataflow(self.phases[phase], run, {k: v[mb] for k, v in parts.items()}, keep,
+                           step * microbatches + mb, check_numerics)
+            if phase != "F":  # the micro-batch is complete
+                for name in keep:
+                    got[name].append(run.values[self.graph[name]])
+                del runs[mb]
         self._flush_sends()
+        out = {name: _combine(name, vs, name in self.grad_nodes) for name, vs in got.items()}
         if train and self.optimizer is not None:
             for p, g in self.grads.items():
-                self.optimizer.update(p, self.params[p], values[self.graph[g]])
-        return {name: values[self.graph[name]] for name in fetches}
+                self.optimizer.update(p, self.params[p], out[g])
+        return {name: out[name] for name in fetches}
 
-    def _dataflow(self, feeds: Mapping[str, np.ndarray], keep: set[str], step: int,
-                  check_numerics: bool) -> dict[Node, np.ndarray]:
-        remaining = {n: len(n.inputs) for n in self.order}
-        pending_users = {n: len(self.users[n]) for n in self.order}
-        ready = deque(n for n in self.order if not n.inputs and n.op != "recv")
-        waiting = dict(self.recvs)
-        values: dict[Node, np.ndarray] = {}
+    def _dataflow(self, nodes: list[Node], run: _Run, feeds: Mapping[str, np.ndarray],
+                  keep: set[str], tag: int, check_numerics: bool) -> None:
+        """Run `nodes` (one phase of one micro-batch) as a dataflow; values of earlier phases
+        are in `run.values`; a value is freed once all its users, in any phase, have run."""
+        members = set(nodes)
+        values = run.values
+        remaining = {n: sum(x not in values for x in n.inputs) for n in nodes}
+        ready = deque(n for n in nodes if remaining[n] == 0 and n.op != "recv")
+        waiting = {k: n for k, n in self.recvs.items() if n in members}
         done = 0
 
         def finish(n: Node, value: np.ndarray) -> None:
@@ -95,24 +151,24 @@ class Worker:
             values[n] = value
             done += 1
             for u in self.users[n]:
-                remaining[u] -= 1
-                if remaining[u] == 0:
-                    ready.append(u)
+                if u in members:
+                    remaining[u] -= 1
+                    if remaining[u] == 0:
+                        ready.append(u)
             for x in n.inputs:  # free inputs nobody else needs
-                pending_users[x] -= 1
-                if pending_users[x] == 0 and x.name not in keep and x.op != "parameter":
+                run.pending_users[x] -= 1
+                if run.pending_users[x] == 0 and x.name not in keep and x.op != "parameter":
                     del values[x]
 
         deadline = time.monotonic() + self.timeout
-        while done < len(self.order):
-            for meta, array in self._arrivals(step, block=not ready, deadline=deadline,
+        while done < len(nodes):
+            for meta, array in self._arrivals(tag, block=not ready, deadline=deadline,
                                               waiting=waiting):
                 finish(waiting.pop(meta["key"]), array)
                 deadline = time.monotonic() + self.timeout
             if ready:
                 n = ready.popleft()
-                finish(n, self._compute(n, values, feeds, step, check_numerics))
-        return values
+                finish(n, self._compute(n, values, feeds, tag, check_numerics))
 
     def _compute(self, n: Node, values: dict[Node, np.ndarray], feeds: Mapping[str, np.ndarray],
                  step: int, check_numerics: bool) -> np.ndarray:
