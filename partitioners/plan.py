@@ -109,17 +109,27 @@ class Plan:
                 sum(t.nbytes(batch) for t in self.transfers if t.src == w.index)))
         return out
 
-    def report(self, batch: int = 64) -> str:
-        """A table per worker: nodes, sends, receives, GFLOPs, parameter MB, MB in / out."""
+    def predict(self, batch: int = 64, cost: Any = None, link: Any = None) -> Any:
+        """The cost model's prediction of one training step (graphflow.costmodel.Prediction)."""
+        from graphflow.costmodel import CostModel  # the cost model imports the op table
+
+        return (cost or CostModel.default(batch)).predict(self.graph, self.placement, batch, link)
+
+    def report(self, batch: int = 64, cost: Any = None) -> str:
+        """A table per worker: nodes, sends, receives, GFLOPs, parameter MB, MB in / out and
+        the cost model's predicted busy time, then the predicted step time."""
+        prediction = self.predict(batch, cost)
         lines = [f"plan: {self.strategy}, {self.parts} worker(s), batch {batch}, "
                  f"{len(self.transfers)} transfers of "
                  f"{sum(t.nbytes(batch) for t in self.transfers) / 1e6:.2f} MB per step",
                  f"{'worker':>6} {'nodes':>6} {'sends':>6} {'recvs':>6} {'GFLOP':>8} "
-                 f"{'params MB':>10} {'in MB':>8} {'out MB':>8}"]
+                 f"{'params MB':>10} {'in MB':>8} {'out MB':>8} {'busy ms':>8}"]
         for s in self.stats(batch):
             lines.append(f"{s.index:>6} {s.nodes:>6} {s.sends:>6} {s.recvs:>6} "
                          f"{s.flops / 1e9:>8.3f} {s.param_bytes / 1e6:>10.2f} "
-                         f"{s.bytes_in / 1e6:>8.2f} {s.bytes_out / 1e6:>8.2f}")
+                         f"{s.bytes_in / 1e6:>8.2f} {s.bytes_out / 1e6:>8.2f} "
+                         f"{1e3 * prediction.busy[s.index]:>8.1f}")
+        lines.append(f"predicted step: {1e3 * prediction.step_seconds:.1f} ms")
         return "\n".join(lines)
 
     def __str__(self) -> str:
