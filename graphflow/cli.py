@@ -23,6 +23,7 @@ from graphflow.errors import GraphflowError
 def _parser() -> argparse.ArgumentParser:
     from graphflow.models import WORKLOADS
     from graphflow.optim import OPTIMIZERS
+    from graphflow.partitioners import STRATEGIES
 
     p = argparse.ArgumentParser(prog="graphflow", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -42,11 +43,26 @@ def _parser() -> argparse.ArgumentParser:
                    help="stop at the first node that produces NaN or inf")
     t.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    m = t.add_argument_group("model parallelism")
+    m.add_argument("--parts", type=int, default=1, help="workers to split the model across")
+    m.add_argument("--strategy", default="spatial", choices=STRATEGIES,
+                   help="placement strategy (default spatial)")
+    m.add_argument("--mode", default="threads", choices=["threads", "processes"],
+                   help="workers as threads of this process or as local processes")
+    m.add_argument("--cluster", metavar="FILE",
+                   help="TOML file listing remote workers (`graphflow worker --listen`)")
+    m.add_argument("--microbatches", type=int, default=1,
+                   help="pipeline each batch in this many micro-batches (layerwise plans)")
+    m.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"])
 
-    s = sub.add_parser("show", help="print a workload's graph",
-                       epilog="example: graphflow show lc-large --backward")
+    s = sub.add_parser("show", help="print a workload's graph, or its partition plan",
+                       epilog="example: graphflow show lc-large --parts 2 --strategy spatial")
     s.add_argument("workload", choices=sorted(WORKLOADS))
     s.add_argument("--backward", action="store_true", help="include the gradient nodes")
+    s.add_argument("--parts", type=int, default=1,
+                   help="partition it for this many workers and print the plan's report")
+    s.add_argument("--strategy", default="spatial", choices=STRATEGIES)
+    s.add_argument("--batch", type=int, default=64, help="batch size for the plan's figures")
 
     sub.add_parser("ops", help="list the registered ops", epilog="example: graphflow ops")
 
@@ -70,7 +86,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from graphflow import datasets
     from graphflow.models import WORKLOADS
     from graphflow.optim import OPTIMIZERS
-    from graphflow.train import Trainer
+    from graphflow.runtime.cluster import read_cluster_file
+    from graphflow.train import PartitionedTrainer, Trainer
 
     steps, batch, lr = DEFAULTS[args.workload]
     steps, batch, lr = args.steps or steps, args.batch or batch, args.lr or lr
@@ -84,15 +101,29 @@ def cmd_train(args: argparse.Namespace) -> int:
         classes = int(model.logits.shape[1])
         data = datasets.synthetic(shape, classes, n=4 * batch, seed=args.seed)
         shift = 0
-    trainer = Trainer(model, OPTIMIZERS[args.optimizer](lr), check_numerics=args.check_numerics)
+    optimizer = OPTIMIZERS[args.optimizer](lr)
+    if args.parts > 1 or args.cluster:
+        hosts = read_cluster_file(args.cluster) if args.cluster else None
+        trainer: Trainer = PartitionedTrainer(
+            model, optimizer, len(hosts) if hosts else args.parts, args.strategy, args.mode,
+            hosts, args.microbatches, args.schedule)
+    else:
+        trainer = Trainer(model, optimizer, check_numerics=args.check_numerics)
     start = time.perf_counter()
-    history = trainer.fit(datasets.batches(data.x_train, data.y_train, batch, seed=args.seed,
-                                           shift=shift), steps, progress=not args.no_progress)
-    seconds = time.perf_counter() - start
+    try:
+        history = trainer.fit(datasets.batches(data.x_train, data.y_train, batch,
+                                               seed=args.seed, shift=shift), steps,
+                              progress=not args.no_progress)
+        seconds = time.perf_counter() - start
+        accuracy = (trainer.accuracy(data.x_test, data.y_test)
+                    if args.workload == "digits-lc" else None)
+    finally:
+        if isinstance(trainer, PartitionedTrainer):
+            trainer.close()
     result = {"workload": args.workload, "steps": steps, "batch": batch, "seconds": seconds,
               "final_loss": history.losses[-1] if history.losses else None}
-    if args.workload == "digits-lc":
-        result["test_accuracy"] = trainer.accuracy(data.x_test, data.y_test)
+    if accuracy is not None:
+        result["test_accuracy"] = accuracy
         result["test_examples"] = len(data.y_test)
     if args.json:
         print(json.dumps(result))
@@ -110,6 +141,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     from graphflow.models import WORKLOADS
 
     model = WORKLOADS[args.workload]()
+    if args.parts > 1:
+        from graphflow.partitioners import partition
+
+        plan = partition(model.graph, args.parts, args.strategy, loss=model.loss)
+        print(plan.report(args.batch))
+        return 0
     if args.backward:
         gradients(model.loss, model.graph.parameters())
     print(model.graph)
@@ -141,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                "worker": cmd_worker}[args.command]
     try:
         return handler(args)
-    except (GraphflowError, ValueError, ImportError) as e:
+    except (GraphflowError, ValueError, ImportError, OSError) as e:
         print(f"graphflow {args.command}: error: {e}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # e.g. `graphflow show lc-large | head`

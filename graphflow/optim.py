@@ -69,6 +69,11 @@ class Optimizer(ABC):
     def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray]) -> None:
         """Update flat `p` from flat `g`, with this name's flat state slots."""
 
+    def spec(self) -> dict[str, float | str]:
+        """{"name": ..., "lr": ..., ...}: what a worker or shard needs to build the same rule."""
+        name = next(k for k, v in OPTIMIZERS.items() if v is type(self))
+        return {"name": name, **{k: v for k, v in vars(self).items() if k != "state"}}
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(lr={self.lr})"
 

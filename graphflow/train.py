@@ -19,7 +19,9 @@ from graphflow.autodiff import gradients
 from graphflow.executor import Session
 from graphflow.models import Model
 from graphflow.optim import Optimizer
+from graphflow.partitioners import partition
 from graphflow.progress import Progress
+from graphflow.runtime.cluster import Cluster
 
 
 @dataclass
@@ -79,3 +81,32 @@ class Trainer:
 
     def accuracy(self, x: np.ndarray, y: np.ndarray) -> float:
         return float(np.mean(self.predict(x) == y))
+
+
+class PartitionedTrainer(Trainer):
+    """Trains a Model split across workers (model parallelism): `parts` workers placed by
+    `strategy`, run as threads, local processes or remote `hosts`. Parameters live on the
+    workers; `accuracy` and `predict` first copy them into a local session."""
+
+    def __init__(self, model: Model, optimizer: Optimizer, parts: int,
+                 strategy: str = "spatial", mode: str = "threads",
+                 hosts: list[str] | None = None, microbatches: int = 1,
+                 schedule: str = "1f1b", timeout: float = 60.0) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.session = Session(model.graph)
+        self.plan = partition(model.graph, parts, strategy, loss=model.loss)
+        self.cluster = Cluster(self.plan, mode, hosts, optimizer.spec(), timeout, microbatches,
+                               schedule)
+        self.step_count = 0
+
+    def step(self, x: np.ndarray, y: np.ndarray) -> float:
+        out = self.cluster.step({self.model.x.name: x, self.model.y.name: y})
+        self.step_count += 1
+        return float(out[self.model.loss.name])
+
+    def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
+        self.session.params.update(self.plan.assemble(self.cluster.params()))
+        return super().predict(x, batch_size)
+
+    def close(self) -> None:
+        self.cluster.close()

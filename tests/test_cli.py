@@ -29,3 +29,14 @@ def test_train_json_and_error_exit_code():
     assert result["steps"] == 2 and result["final_loss"] > 0
     r = run("train", "digits-lc", "--steps", "1", "--batch", "100000", "--no-progress")
     assert r.returncode == 1 and "error: batch_size 100000" in r.stderr
+
+
+def test_partitioned_training_and_plan_report():
+    r = run("train", "digits-lc", "--parts", "2", "--steps", "30", "--json", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["test_accuracy"] > 0.3 and result["final_loss"] > 0
+    r = run("show", "lc-large", "--parts", "2", "--strategy", "spatial")
+    assert r.returncode == 0 and "predicted step" in r.stdout and "plan: spatial" in r.stdout
+    r = run("train", "digits-lc", "--cluster", "/no/such/file.toml", "--no-progress")
+    assert r.returncode == 1 and "No such file" in r.stderr

@@ -141,9 +141,9 @@ class Endpoint:
             if curve is not None:
                 self._serve_curve(curve)
             self._pull.bind(bind)
-        except Exception:
+        except zmq.ZMQError as e:
             self.close()
-            raise
+            raise TransportError(f"{name}: cannot bind {bind!r}: {e}") from e
         self.address: str = self._pull.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def _serve_curve(self, curve: CurveConfig) -> None:
@@ -176,7 +176,12 @@ class Endpoint:
             sock.curve_secretkey = self.curve.secret_key
             sock.curve_publickey = self.curve.public_key
             sock.curve_serverkey = server_public
-        sock.connect(address)
+        try:
+            sock.connect(address)
+        except zmq.ZMQError as e:
+            sock.close(0)
+            raise TransportError(f"{self.name}: cannot connect to {peer} at {address!r}: {e}") \
+                from e
         self._push[peer] = sock
 
     def send(self, peer: str, key: str, array: Any, step: int = 0) -> zmq.MessageTracker | None:
@@ -206,7 +211,8 @@ class Endpoint:
         """The next tensor from any peer as (meta, array), or None after `timeout` seconds.
 
         meta is the header: key, src, dtype, shape, step. The array is read-only (it views the
-        received message). A malformed message is consumed and raises FrameError.
+        received message). Tensors stashed by `recv` come first. A malformed message is
+        consumed and raises FrameError; the next call goes on with the next message.
         """
         for key, queue in self._stash.items():
             self._stashed -= 1

@@ -1,8 +1,8 @@
 """Wire format: a tensor is [msgpack header, raw buffer]; control messages carry arrays likewise.
 
 Everything decoded here is untrusted: headers are size-capped and unpacked with small msgpack
-limits, dtypes come from an allow-list, and the byte count is checked before the buffer is viewed as an array.
-Arrays are native-endian (the machines here are all little-endian).
+limits, dtypes come from an allow-list, and the byte count is checked before the buffer is
+viewed as an array. Arrays are native-endian (the machines here are all little-endian).
 
     >>> frames = encode_tensor("lc1/relu->w1@mb0", "w0", np.ones((2, 3), np.float32), step=4)
     >>> meta, x = decode_tensor(bytes(frames[0]), bytes(frames[1]))

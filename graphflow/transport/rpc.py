@@ -65,9 +65,9 @@ class RpcServer:
         self._sock.sndtimeo = 0  # ROUTER drops replies to vanished clients; never block on one
         try:
             self._sock.bind(bind)
-        except zmq.ZMQError:
+        except zmq.ZMQError as e:
             self._sock.close(0)
-            raise
+            raise TransportError(f"rpc server: cannot bind {bind!r}: {e}") from e
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def handle_one(self, handlers: Handlers, timeout: float) -> bool:

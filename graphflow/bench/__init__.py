@@ -1,0 +1,85 @@
+"""Benchmarks behind the `graphflow bench` command: shared thread setup, machine info, tables.
+
+>>> print(format_table([{"a": "x", "b": 1.5}], [("a", "A"), ("b", "B")]))
+A  B
+-  -----
+x  1.500
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+               "NUMBA_NUM_THREADS")
+
+
+@contextmanager
+def single_threaded() -> Iterator[None]:
+    """One BLAS / OpenMP / Numba thread here and in every worker process started inside (they
+    inherit the environment); restores the previous settings on exit."""
+    import numba
+
+    saved = {v: os.environ.get(v) for v in THREAD_VARS}
+    numba_threads = numba.get_num_threads()
+    os.environ.update(dict.fromkeys(THREAD_VARS, "1"))
+    numba.set_num_threads(1)
+    try:
+        from threadpoolctl import threadpool_limits  # numpy / scipy BLAS already loaded here
+        limits: Any = threadpool_limits(1)
+    except ImportError:
+        limits = nullcontext()
+    try:
+        with limits:
+            yield
+    finally:
+        numba.set_num_threads(numba_threads)
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
+def machine_info() -> dict[str, Any]:
+    """Host, CPU, core count, load average and library versions, for results files."""
+    import numba
+    import numpy as np
+
+    cpu = None
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        cpu = next((x.split(":", 1)[1].strip() for x in info.read_text().splitlines()
+                    if x.startswith("model name")), None)
+    return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "host": platform.node(), "platform": platform.platform(),
+            "python": platform.python_version(), "cpu_model": cpu, "cpu_count": os.cpu_count(),
+            "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+            "numpy": np.__version__, "numba": numba.__version__,
+            "threads": {v: os.environ.get(v) for v in THREAD_VARS}}
+
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
+    """Rows as an aligned text table; `columns` is (key, header) pairs; None prints as '-'."""
+    cells = [[_cell(r.get(k)) for k, _ in columns] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h) in enumerate(columns)]
+    lines = ["  ".join(h.ljust(w) for (_, h), w in zip(columns, widths, strict=True)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    for c in cells:
+        lines.append("  ".join(v.rjust(w) if i else v.ljust(w)
+                               for i, (v, w) in enumerate(zip(c, widths, strict=True))))
+    return "\n".join(lines)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+    return str(v)
