@@ -55,6 +55,11 @@ def read_cluster_file(path: str) -> list[str]:
     return workers
 
 
+def reply_grace(timeout: float) -> float:
+    """Seconds the driver waits for a reply beyond the workers' own `timeout`."""
+    return max(1.0, 0.2 * timeout)
+
+
 class WorkerFailed(GraphflowError):
     """A worker died, hung or failed a step. `.worker` names it."""
 
@@ -95,7 +100,9 @@ class Cluster:
         self.clients: list[RpcClient] = []
         try:
             self.control = self._start_workers(hosts)
-            self.clients = [RpcClient(a, n, timeout, self.context)
+            # a worker waits `timeout` for a peer, then reports which one was silent; the
+            # driver waits a little longer, so only a dead or hung worker fails to answer
+            self.clients = [RpcClient(a, n, timeout + reply_grace(timeout), self.context)
                             for a, n in zip(self.control, self.names, strict=True)]
             self._load(optimizer)
         except BaseException:
@@ -143,7 +150,7 @@ class Cluster:
         self._call_all("hello", {})
         loads = [{"index": i, "graph": graph_to_dict(w.graph), "grads": self.plan.grads,
                   "data_bind": self._data_bind(i, c), "optimizer": dict(optimizer or {}),
-                  "timeout": self.timeout, "stages": self.plan.parts}
+                  "peer_timeout": self.timeout, "stages": self.plan.parts}
                  for i, (w, c) in enumerate(zip(self.plan.workers, self.control, strict=True))]
         data = self._call_each("load", loads)
         self._call_all("connect", {"peers": dict(zip(self.names, data, strict=True))})
@@ -154,7 +161,7 @@ class Cluster:
             return self.clients[i].call(method, **args)
         except PeerTimeout as e:
             raise WorkerFailed(f"{self.names[i]} did not answer '{method}' within "
-                               f"{self.timeout:g}s: it died or hangs ({e})",
+                               f"{self.clients[i].timeout:g}s: it died or hangs ({e})",
                                self.names[i]) from e
         except RemoteError as e:
             raise WorkerFailed(f"{self.names[i]} failed '{method}': {e.remote}",

@@ -44,13 +44,13 @@ class WorkerService:
 
     def load(self, index: int, graph: dict[str, Any], grads: Mapping[str, str],
              data_bind: str, optimizer: Mapping[str, Any] | None = None,
-             timeout: float = 30.0, stages: int = 1) -> str:
+             peer_timeout: float = 30.0, stages: int = 1) -> str:
         """Take this worker's subgraph; bind its data endpoint; return the endpoint address."""
         if self.worker is not None:
             self.worker.close()
-        endpoint = Endpoint(worker_name(index), data_bind, self.context, timeout)
+        endpoint = Endpoint(worker_name(index), data_bind, self.context, peer_timeout)
         self.worker = Worker(index, graph_from_dict(graph), endpoint, grads,
-                             make_optimizer(optimizer), timeout, stages)
+                             make_optimizer(optimizer), peer_timeout, stages)
         return endpoint.address
 
     def connect(self, peers: Mapping[str, str]) -> None:

@@ -242,6 +242,8 @@ class Worker:
             try:
                 if item is None:
                     return
+                if self._send_error is not None or self._stop.is_set():
+                    continue  # a peer is gone or the worker is closing: drop the rest
                 peer, key, array, step = item
                 tracker = self.endpoint.send(peer, key, array, step)
                 if tracker is not None:
@@ -256,9 +258,10 @@ class Worker:
     def close(self) -> None:
         self._stop.set()
         self._outbox.put(None)
-        for t in self._threads:
-            t.join(timeout=2 * POLL + 1)
-        self.endpoint.close()
+        for t in self._threads:  # a send in flight ends within `timeout`
+            t.join(timeout=self.timeout + 2 * POLL + 1)
+        if not any(t.is_alive() for t in self._threads):  # never close a socket in use
+            self.endpoint.close()
 
 
 def make_optimizer(spec: Mapping[str, Any] | None) -> Optimizer | None:
