@@ -14,7 +14,8 @@ def test_non_editable_install_imports_subpackages(tmp_path):
                     "--no-build-isolation", "--target", str(target), str(ROOT)],
                    check=True, capture_output=True, timeout=300)
     assert not (target / "ops").exists(), "ops must not install as a top-level module"
-    code = ("import graphflow, graphflow.ops, graphflow.partitioners; "
+    code = ("import graphflow, graphflow.ops, graphflow.partitioners, graphflow.runtime, "
+            "graphflow.transport, graphflow.bench; "
             "print(graphflow.__file__); print(len(graphflow.ops.REGISTRY))")
     env = {**os.environ, "PYTHONPATH": str(target)}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True,

@@ -79,13 +79,9 @@ def test_round_trip_every_transport(pair):
         assert not y.flags.writeable
 
 
-def test_tcp_address_has_the_real_port():
-    with Endpoint("w", "tcp://127.0.0.1:*") as ep:
-        assert ep.address.startswith("tcp://127.0.0.1:") and not ep.address.endswith("*")
-
-
-def test_socket_options():
+def test_real_port_and_socket_options():
     with Endpoint("w", "tcp://127.0.0.1:*", hwm=8, max_msg_size=1 << 20, linger=0.5) as ep:
+        assert ep.address.startswith("tcp://127.0.0.1:") and not ep.address.endswith("*")
         pull = ep._pull
         assert (pull.rcvhwm, pull.linger, pull.maxmsgsize) == (8, 500, 1 << 20)
         assert pull.getsockopt(zmq.HEARTBEAT_IVL) > 0 and pull.getsockopt(zmq.HEARTBEAT_TTL) > 0
@@ -254,7 +250,39 @@ def test_send_needs_a_connected_peer():
     with Endpoint("a", "inproc://lonely") as a:
         with pytest.raises(GraphflowError, match="no peer 'w1'"):
             a.send("w1", "k", np.ones(2))
+        with pytest.raises(GraphflowError, match="a: cannot bind 'inproc://lonely'"):
+            Endpoint("a", "inproc://lonely")
     a.close()  # idempotent
+
+
+def test_a_sender_and_a_receiver_thread_per_endpoint(pair):
+    """The runtime's pattern: on each worker one thread sends while another receives."""
+    a, b = pair
+    b.connect("a", a.address)
+    n, got, errors = 50, {"a": [], "b": []}, []
+
+    def sender(ep, peer):
+        try:
+            for i in range(n):
+                ep.send(peer, f"{ep.name}->{peer}", np.full(20000, i, np.float32), step=i)
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    def receiver(ep, peer):
+        try:
+            for i in range(n):
+                got[ep.name].append(ep.recv(f"{peer}->{ep.name}", peer, timeout=5.0, step=i)[0])
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=f, args=args, daemon=True) for f, args in
+               [(sender, (a, "b")), (sender, (b, "a")), (receiver, (a, "b")), (receiver, (b, "a"))]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20.0)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert got == {"a": list(range(n)), "b": list(range(n))}
 
 
 # ---- RPC -----------------------------------------------------------------------------------------
@@ -292,6 +320,19 @@ def test_rpc_remote_exception_is_remote_error(server):
         with pytest.raises(RemoteError, match="LookupError: no method 'nope'"):
             c.call("nope")
         assert c.call("add", a=1, b=1) == 2, "the server survives handler errors"
+
+
+def test_rpc_server_survives_hostile_requests(server):
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.linger, raw.rcvtimeo = 0, 5000
+    raw.connect(server.address)
+    for frames in ([b"\xc1"], [msgpack.packb([1, 2])], [msgpack.packb({"method": 3})]):
+        raw.send_multipart(frames)
+        reply = decode_message(raw.recv_multipart())
+        assert reply["ok"] is False and "FrameError" in reply["error"]
+    raw.close()
+    with RpcClient(server.address, "w0", timeout=5.0) as c:
+        assert c.call("add", a=1, b=2) == 3
 
 
 def test_rpc_late_reply_is_discarded(server):
