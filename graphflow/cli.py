@@ -4,6 +4,7 @@
     graphflow train lc-large --steps 5     a few steps of a reference workload on synthetic data
     graphflow show speech-mlp              the graph, one node a line, and its parameter count
     graphflow ops                          the op table
+    graphflow bench speedup                speedup against workers, measured and predicted
     graphflow worker --listen tcp://HOST:PORT   serve a worker for a driver elsewhere
 """
 
@@ -65,6 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--batch", type=int, default=64, help="batch size for the plan's figures")
 
     sub.add_parser("ops", help="list the registered ops", epilog="example: graphflow ops")
+
+    b = sub.add_parser("bench", help="benchmarks: `graphflow bench speedup --help`",
+                       epilog="example: graphflow bench speedup --workers 1,2")
+    b.add_argument("suite", choices=["speedup"], help="speedup: DistBelief's Fig. 3 here")
+    b.add_argument("args", nargs=argparse.REMAINDER, help="the suite's own options")
 
     w = sub.add_parser("worker", help="serve one worker for a driver on another machine",
                        description="Serve one graphflow worker: a driver (graphflow train "
@@ -165,6 +171,12 @@ def cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from graphflow.bench.speedup import main as speedup
+
+    return speedup(args.args)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from graphflow.runtime.service import serve
 
@@ -174,7 +186,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"train": cmd_train, "show": cmd_show, "ops": cmd_ops,
+    handler = {"train": cmd_train, "show": cmd_show, "ops": cmd_ops, "bench": cmd_bench,
                "worker": cmd_worker}[args.command]
     try:
         return handler(args)

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from graphflow.costmodel import CostModel
 from graphflow.dsl import device
 from graphflow.ir import Graph, Node
 from graphflow.ops.registry import apply
@@ -65,7 +66,45 @@ def row_bounds(size: int, parts: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
-def place(graph: Graph, parts: int, cost: object = None) -> tuple[Graph, dict[str, int]]:
+# Per output element, the ops around a windowed layer (layout transposes, bias, activation and
+# their gradients) make about this many passes over memory; it weighs rows of cheap, wide
+# layers against rows of expensive, narrow ones.
+ELEMENTWISE_PASSES = 8
+
+
+def row_seconds(n: Node, cost: CostModel, batch: int = 64) -> float:
+    """Estimated seconds of one output row of windowed layer `n` per training step: forward,
+    its gradients (input gradient only when the input is computed) and the ops around it."""
+    rows = int(n.shape[WINDOWED[n.op]])
+    passes = 2 + (n.inputs[0].op not in REPLICATED and not _replicable(n.inputs[0]))
+    elements = prod(d or batch for d in n.shape) / rows
+    per_element = ELEMENTWISE_PASSES * np.dtype(n.dtype).itemsize / cost.bandwidth_Bps
+    return passes * cost.node_seconds(n, batch) / rows + elements * per_element
+
+
+def balanced_rows(graph: Graph, parts: int,
+                  cost: CostModel | None = None) -> dict[Node, list[tuple[int, int]]]:
+    """Row blocks for every windowed layer: each layer as even as whole rows allow (every
+    layer ends in a halo exchange, so each must be balanced on its own), and a layer's
+    left-over rows go to the workers with the least work so far, the most expensive layers
+    first, so the rounding evens out across layers."""
+    cost = cost or CostModel.default()
+    layers = [n for n in graph.nodes if n.op in WINDOWED and int(n.shape[WINDOWED[n.op]]) >= parts]
+    per_row = {n: row_seconds(n, cost) for n in layers}
+    load = np.zeros(parts)
+    out: dict[Node, list[tuple[int, int]]] = {}
+    for n in sorted(layers, key=lambda n: -per_row[n] * int(n.shape[WINDOWED[n.op]])):
+        rows = int(n.shape[WINDOWED[n.op]])
+        sizes = np.full(parts, rows // parts)
+        sizes[np.argsort(load, kind="stable")[:rows % parts]] += 1
+        edges = np.concatenate([[0], np.cumsum(sizes)])
+        out[n] = [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+        load += sizes * per_row[n]
+    return out
+
+
+def place(graph: Graph, parts: int,
+          cost: CostModel | None = None) -> tuple[Graph, dict[str, int]]:
     """Rewrite a forward graph for `parts` workers; returns the new graph and its placement.
 
     Gradients must not have been added yet: the caller derives them from the rewritten graph.
@@ -74,7 +113,7 @@ def place(graph: Graph, parts: int, cost: object = None) -> tuple[Graph, dict[st
         raise ValueError("spatial partitioning rewrites the forward graph: partition it before "
                          "adding gradients (gf.partition(graph, loss=...) does both)")
     out = Graph(graph.dtype, graph.seed)
-    rw = _Rewriter(graph, out, parts)
+    rw = _Rewriter(graph, out, parts, balanced_rows(graph, parts, cost))
     with out:
         for n in graph.toposort():
             rw.visit(n)
@@ -86,8 +125,10 @@ def worker_index(dev: str | None) -> int:
 
 
 class _Rewriter:
-    def __init__(self, src: Graph, out: Graph, parts: int) -> None:
+    def __init__(self, src: Graph, out: Graph, parts: int,
+                 rows: dict[Node, list[tuple[int, int]]]) -> None:
         self.src, self.out, self.parts = src, out, parts
+        self.rows = rows
         self.val: dict[Node, Node | Split | Partial | FlatSplit] = {}
         self.users: dict[Node, int] = {n: 0 for n in src.nodes}
         for n in src.nodes:
@@ -208,8 +249,8 @@ class _Rewriter:
         axis = WINDOWED[n.op]
         kh = n.inputs[1].shape[2] if n.op == "conv2d" else n.attrs["kernel"][0]
         (sh, _), (ph, pw) = n.attrs["stride"], n.attrs["padding"]
-        oh, h = int(n.shape[axis]), int(x.shape[axis])
-        bounds = row_bounds(oh, self.parts)
+        h = int(x.shape[axis])
+        bounds = self.rows[n]
         if n.op == "local2d":
             w = n.inputs[1]
             weights = self.block_param(w, w.shape, 0, bounds,
@@ -234,7 +275,7 @@ class _Rewriter:
     def _windowed(self, n: Node) -> bool:
         """Split a windowed op by rows unless it is max pooling over padding (its pad is -inf,
         not zeros) or the input is split along another axis."""
-        if n.op not in WINDOWED or self.parts == 1 or int(n.shape[WINDOWED[n.op]]) < self.parts:
+        if n not in self.rows or self.parts == 1:
             return False
         if n.op == "max_pool2d" and n.attrs["padding"][0] > 0:
             return False

@@ -8,10 +8,11 @@ x  1.500
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,29 @@ def single_threaded() -> Iterator[None]:
                 os.environ[var] = value
 
 
+def csv_choices(allowed: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argparse type: comma-separated names, each one of `allowed` (duplicates dropped)."""
+    def parse(text: str) -> list[str]:
+        names = [s.strip() for s in text.split(",") if s.strip()]
+        bad = [n for n in names if n not in allowed]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(f"{', '.join(bad) or 'nothing'} given; choose "
+                                             f"from {', '.join(allowed)}")
+        return list(dict.fromkeys(names))
+    return parse
+
+
+def csv_counts(text: str) -> list[int]:
+    """An argparse type: comma-separated worker counts >= 1, sorted, always including 1."""
+    try:
+        counts = {int(s) for s in text.split(",") if s.strip()}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a list of integers") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': worker counts must be >= 1")
+    return sorted(counts | {1})
+
+
 def machine_info() -> dict[str, Any]:
     """Host, CPU, core count, load average and library versions, for results files."""
     import numba
@@ -65,15 +89,18 @@ def machine_info() -> dict[str, Any]:
             "threads": {v: os.environ.get(v) for v in THREAD_VARS}}
 
 
-def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
-    """Rows as an aligned text table; `columns` is (key, header) pairs; None prints as '-'."""
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]],
+                 left: Collection[str] = ()) -> str:
+    """Rows as an aligned text table; `columns` is (key, header) pairs; None prints as '-'.
+    The first column and those in `left` are left-aligned, the others right-aligned."""
     cells = [[_cell(r.get(k)) for k, _ in columns] for r in rows]
     widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h) in enumerate(columns)]
     lines = ["  ".join(h.ljust(w) for (_, h), w in zip(columns, widths, strict=True)).rstrip(),
              "  ".join("-" * w for w in widths)]
+    lefts = [i == 0 or k in left for i, (k, _) in enumerate(columns)]
     for c in cells:
-        lines.append("  ".join(v.rjust(w) if i else v.ljust(w)
-                               for i, (v, w) in enumerate(zip(c, widths, strict=True))))
+        lines.append("  ".join(v.ljust(w) if lf else v.rjust(w)
+                               for v, w, lf in zip(c, widths, lefts, strict=True)).rstrip())
     return "\n".join(lines)
 
 

@@ -51,11 +51,12 @@ def _split_batch(name: str, value: np.ndarray, parts: int) -> list[np.ndarray]:
     return np.split(value, parts)
 
 
-def _combine(name: str, values: list[np.ndarray], is_gradient: bool) -> np.ndarray:
+def _combine(name: str, values: list[np.ndarray]) -> np.ndarray:
+    """A fetched value over micro-batches: scalars (mean losses) averaged, tensors joined."""
     if len(values) == 1:
         return values[0]
-    if is_gradient or values[0].ndim == 0:  # per-micro-batch means: average them
-        return np.asarray(np.mean(values, axis=0), dtype=values[0].dtype)
+    if values[0].ndim == 0:
+        return np.asarray(np.mean(values), dtype=values[0].dtype)
     return np.concatenate(values)
 
 
@@ -120,16 +121,25 @@ class Worker:
         keep = set(fetches) | set(self.grads.values())
         runs: dict[int, _Run] = {}
         got: dict[str, list[np.ndarray]] = {name: [] for name in keep}
+        sums: dict[str, np.ndarray] = {}  # gradients, summed in place over micro-batches
         for phase, mb in tasks:
             run = runs.setdefault(mb, _Run({}, {n: len(self.users[n]) for n in self.order}))
             self._dataflow(self.phases[phase], run, {k: v[mb] for k, v in parts.items()}, keep,
                            step * microbatches + mb, check_numerics)
             if phase != "F":  # the micro-batch is complete
                 for name in keep:
-                    got[name].append(run.values[self.graph[name]])
+                    value = run.values[self.graph[name]]
+                    if name not in self.grad_nodes:
+                        got[name].append(value)
+                    elif name in sums:
+                        np.add(sums[name], value, out=sums[name])
+                    else:  # copied when more will be added: received arrays are read-only
+                        sums[name] = np.array(value) if microbatches > 1 else value
                 del runs[mb]
         self._flush_sends()
-        out = {name: _combine(name, vs, name in self.grad_nodes) for name, vs in got.items()}
+        out = {name: _combine(name, vs) for name, vs in got.items() if vs}
+        for name, total in sums.items():  # the mean of the micro-batches' gradients
+            out[name] = total / microbatches if microbatches > 1 else total
         if train and self.optimizer is not None:
             for p, g in self.grads.items():
                 self.optimizer.update(p, self.params[p], out[g])
@@ -153,8 +163,8 @@ class Worker:
             for u in self.users[n]:
                 if u in members:
                     remaining[u] -= 1
-                    if remaining[u] == 0:
-                        ready.append(u)
+                    if remaining[u] == 0:  # a send goes first: a peer may be waiting on it
+                        (ready.appendleft if u.op == "send" else ready.append)(u)
             for x in n.inputs:  # free inputs nobody else needs
                 run.pending_users[x] -= 1
                 if run.pending_users[x] == 0 and x.name not in keep and x.op != "parameter":
@@ -235,6 +245,7 @@ class Worker:
                 continue
             if got is not None:
                 self._inbox.put(got)
+                got = None  # don't hold the frame: the sender's zero-copy tracker waits on it
 
     def _send_loop(self) -> None:
         while True:

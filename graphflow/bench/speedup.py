@@ -1,0 +1,360 @@
+"""`graphflow bench speedup`: DistBelief's Fig. 3 (speedup of model parallelism) on this machine.
+
+For each workload and strategy: the median training-step time on 1, 2, ... workers (one
+single-threaded process each), the speedup over one worker and, beside each point, the cost
+model's predicted step time; then the predicted speedup on 1 to 64 machines over a 10 Gbit/s
+network, and the machine's ceiling: the throughput of two independent 1-worker processes at once
+over one alone (the best a 2-worker speedup can be here and now).
+
+Every cluster of a workload is started first, then timed in rounds (a step of each per round),
+so a busy neighbour slows all alike; speedup = median 1-worker step / median step. A pipelined
+prediction is one micro-batch's predicted step plus (micro-batches - 1) x the busiest worker's
+micro-batch work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphflow.bench import csv_choices, csv_counts, format_table, machine_info, single_threaded
+from graphflow.costmodel import SOURCE_OPS, CostModel, Link
+from graphflow.models import WORKLOADS as BUILDERS
+from graphflow.models import Model
+from graphflow.partitioners import STRATEGIES, Plan, partition
+from graphflow.progress import Progress
+from graphflow.runtime.cluster import Cluster
+
+WORKLOADS = ("lc-large", "speech-mlp", "digits-lc")
+MACHINES = (1, 2, 4, 8, 16, 32, 64)
+TOLERANCE = 0.25  # allowed relative error of the cost model at every measured point
+OPTIMIZER = {"name": "sgd", "lr": 0.001}
+COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("workers", "P"),
+           ("ms", "median ms"), ("speedup", "speedup"), ("pred_ms", "pred ms"),
+           ("err", "err %"), ("pred_ok", "pred<=25%"), ("target", "target"),
+           ("verdict", "target met"), ("note", "note")]
+
+
+def target(workload: str, strategy: str, workers: int) -> float | None:
+    """The speedup the issue asks for at this point, if any."""
+    if workers == 2 and (workload, strategy) == ("lc-large", "spatial"):
+        return 1.7
+    if workers == 2 and workload == "speech-mlp" and strategy.startswith("layerwise+"):
+        return 1.5
+    return None
+
+
+def pipelining_available() -> bool:
+    return "microbatches" in inspect.signature(Cluster).parameters
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="graphflow bench speedup", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: graphflow bench speedup --workloads lc-large --strategies spatial "
+               "--workers 1,2 --steps 9")
+    p.add_argument("--workloads", type=csv_choices(WORKLOADS), default=["lc-large", "speech-mlp"],
+                   help="comma-separated (default lc-large,speech-mlp; also digits-lc)")
+    p.add_argument("--strategies", type=csv_choices(STRATEGIES),
+                   default=["spatial", "layerwise", "mincut"],
+                   help="comma-separated (default spatial,layerwise,mincut)")
+    p.add_argument("--workers", type=csv_counts, default=[1, 2],
+                   help="worker counts, comma-separated; 1 is always measured (default 1,2)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per point (5)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps per point (2)")
+    p.add_argument("--batch", type=int, default=None, help="mini-batch size (64)")
+    p.add_argument("--mode", choices=("processes", "threads"), default="processes",
+                   help="one process per worker (default) or one thread per worker")
+    p.add_argument("--microbatches", type=int, default=None,
+                   help="micro-batches of the pipelined layerwise rows (4; 1: none)")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b",
+                   help="pipeline schedule of the pipelined layerwise rows (1f1b)")
+    p.add_argument("--json", type=Path, default=Path("benchmarks/results/speedup.json"),
+                   help="every time, prediction and the machine (%(default)s)")
+    p.add_argument("--png", type=Path, default=Path("benchmarks/results/speedup.png"),
+                   help="the plot; skipped without matplotlib (%(default)s)")
+    p.add_argument("--cached-calibration", action="store_true",
+                   help="reuse cached kernel timings (default: time them again in this run, "
+                        "so predictions and measurements see the same machine)")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny settings (batch 8, 1 step, predictions to 4 machines): for tests")
+    return p
+
+
+def _settle(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    """Fill the defaults that --quick changes and check the numbers."""
+    for key, quick, full in (("steps", 1, 5), ("warmup", 1, 2), ("batch", 8, 64),
+                             ("microbatches", 2, 4)):
+        if getattr(args, key) is None:
+            setattr(args, key, quick if args.quick else full)
+    args.machines = MACHINES[:3] if args.quick else MACHINES
+    args.repeats = 1 if args.quick else 3
+    if args.steps < 1 or args.warmup < 0 or args.batch < 1 or args.microbatches < 1:
+        p.error("--steps, --batch and --microbatches must be >= 1, --warmup >= 0")
+    if args.batch % args.microbatches:
+        p.error(f"--batch {args.batch} is not a multiple of --microbatches {args.microbatches}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print the table, write JSON and PNG. 0 when every point ran, 1 when
+    one failed, 2 on a bad argument."""
+    p = parser()
+    try:
+        args = p.parse_args(argv)
+        _settle(args, p)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    with single_threaded():
+        doc = run(args)
+    rows = [_table_row(w, pt) for w, wl in doc["workloads"].items() for pt in wl["points"]]
+    print(format_table(rows, COLUMNS, left=("strategy", "note")))
+    for name, wl in doc["workloads"].items():
+        print(_ceiling_line(name, wl["ceiling"], args.mode))
+    for note in doc["notes"]:
+        print(f"note: {note}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {args.json}")
+    problem = plot(doc, args.png)
+    print(problem or f"wrote {args.png}")
+    return 1 if any("error" in pt for wl in doc["workloads"].values() for pt in wl["points"]) \
+        else 0
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every measurement and prediction, as a JSON-ready dict."""
+    doc: dict[str, Any] = {
+        "benchmark": "speedup", "machine": machine_info(),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "png")},
+        "pipelining": pipelining_available(), "tolerance": TOLERANCE, "workloads": {},
+        "notes": []}
+    cores = doc["machine"]["cpu_count"] or 1
+    if max(args.workers) > cores:
+        doc["notes"].append(f"{max(args.workers)} workers on {cores} cores: oversubscribed")
+    for name in args.workloads:
+        doc["workloads"][name] = measure_workload(BUILDERS[name](batch=None), args)
+        for label, curve in doc["workloads"][name]["predicted"].items():
+            if notes := [c["note"] for c in curve if c.get("note")]:
+                doc["notes"].append(f"{name} {label}, predicted: {'; '.join(notes)}")
+    doc["machine"]["loadavg_end"] = machine_info()["loadavg"]
+    doc["settings"]["json"], doc["settings"]["png"] = str(args.json), str(args.png)
+    return doc
+
+
+def variants(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """(row label, strategy, micro-batches): layerwise also pipelined when asked."""
+    out = [(s, s, 1) for s in args.strategies]
+    if "layerwise" in args.strategies and args.microbatches > 1:
+        out.append((f"layerwise+{args.schedule}", "layerwise", args.microbatches))
+    return out
+
+
+def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
+    """Start every cluster of the workload, then time them in rounds (see `time_rounds`)."""
+    rng = np.random.default_rng(0)
+    feeds = {model.x.name: rng.standard_normal((args.batch, *model.x.shape[1:]),
+                                               dtype=np.float32),
+             model.y.name: rng.integers(0, int(model.logits.shape[-1]), args.batch,
+                                        dtype=np.int32)}
+    plan1 = partition(model.graph, 1, "layerwise", loss=model.loss)
+    cost = CostModel.calibrate(plan1.graph, args.batch, args.repeats,
+                               refresh=not args.cached_calibration)
+    todo = [(v, n) for v in variants(args) for n in args.workers[1:]]
+    points = [{"workload": model.name, "strategy": label, "workers": n, "microbatches": mb}
+              for (label, _, mb), n in todo]
+    with ExitStack() as stack, Progress(len(todo) + args.steps, model.name,
+                                        enabled=not args.no_progress) as bar:
+        base, other = (stack.enter_context(_cluster(plan1, args, 1, feeds)) for _ in "ab")
+        running: dict[int, Cluster] = {}
+        for i, ((label, strategy, mb), n) in enumerate(todo):
+            bar.label = f"{model.name} started {label} P={n}"
+            if mb > 1 and not pipelining_available():
+                points[i]["note"] = "pipelining unavailable: Cluster takes no microbatches"
+            else:
+                try:
+                    plan = partition(model.graph, n, strategy, loss=model.loss, cost=cost)
+                    points[i].update(workers_used=workers_used(plan), times_s=[],
+                                     predicted_s=predict(plan, args.batch, mb, args.repeats))
+                    running[i] = stack.enter_context(_cluster(plan, args, mb, feeds))
+                except Exception as e:  # noqa: BLE001 - one failed point is reported
+                    points[i]["error"] = f"{type(e).__name__}: {e}"
+            bar.update()
+        ceiling = time_rounds(base, other, running, points, feeds, args, bar)
+    for pt in points:
+        if pt.get("times_s") and "error" not in pt:
+            pt["median_s"] = statistics.median(pt["times_s"])
+            pt["speedup"] = statistics.median(ceiling["alone_s"]) / pt["median_s"]
+    one = {"workload": model.name, "strategy": "(any)", "workers": 1, "microbatches": 1,
+           "times_s": ceiling["alone_s"], "median_s": statistics.median(ceiling["alone_s"]),
+           "speedup": 1.0, "predicted_s": predict(plan1, args.batch, 1, args.repeats)}
+    predicted = {label: predict_curve(model, strategy, mb, args, cost)
+                 for label, strategy, mb in variants(args)}
+    return {"points": [one, *points], "ceiling": ceiling, "predicted": predicted,
+            "curve_link": "Link.ten_gigabit(): 1.25 GB/s, 100 us",
+            "local_link": {"bandwidth_Bps": cost.link.bandwidth_Bps,
+                           "latency_s": cost.link.latency_s}}
+
+
+def time_rounds(base: Cluster, other: Cluster, running: dict[int, Cluster],
+                points: list[dict[str, Any]], feeds: dict[str, np.ndarray],
+                args: argparse.Namespace, bar: Progress) -> dict[str, Any]:
+    """`args.steps` rounds, each: a step of the 1-worker `base` alone, a step of `base` and of
+    the independent 1-worker `other` at once (the ceiling), a step of every running point. A
+    neighbour's burst so spreads over all points instead of spoiling one."""
+    alone, both = [], []
+    with ThreadPoolExecutor(2) as pool:
+        for r in range(args.steps):
+            alone.append(_timed(base, feeds))
+            t0 = time.perf_counter()
+            list(pool.map(lambda c: c.step(feeds), (base, other)))
+            both.append(time.perf_counter() - t0)
+            for i, cluster in list(running.items()):
+                try:
+                    points[i]["times_s"].append(_timed(cluster, feeds))
+                except Exception as e:  # noqa: BLE001 - drop the point, keep the others
+                    points[i]["error"] = f"{type(e).__name__}: {e}"
+                    del running[i]
+            bar.label = f"{points[0]['workload'] if points else ''} round {r + 1}/{args.steps}"
+            bar.update(alone_ms=1e3 * alone[-1], both_ms=1e3 * both[-1])
+    return {"alone_s": alone, "together_s": both,
+            "ratio": 2 * statistics.median(alone) / statistics.median(both)}
+
+
+def workers_used(plan: Plan) -> int:
+    """How many workers run at least one kernel."""
+    return len({plan.placement[n.name] for n in plan.graph.nodes if n.op not in SOURCE_OPS})
+
+
+def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
+            link: Link | None = None) -> float:
+    """The cost model's step seconds for `plan` (kernels of its graph calibrated first; the
+    link is the calibrated local one unless given). Pipelined: one micro-batch's step plus
+    (microbatches - 1) times the busiest stage's micro-batch work (fill, then steady state)."""
+    mb = batch // microbatches
+    cm = CostModel.calibrate(plan.graph, mb, repeats)
+    p = cm.predict(plan.graph, plan.placement, mb, link=link)
+    return p.step_seconds + (microbatches - 1) * max(p.busy, default=0.0)
+
+
+def predict_curve(model: Model, strategy: str, microbatches: int, args: argparse.Namespace,
+                  cost: CostModel) -> list[dict[str, Any]]:
+    """Predicted step time and speedup on 1..64 machines over a 10 Gbit/s network."""
+    link, curve = Link.ten_gigabit(), []
+    one = None
+    for n in args.machines:
+        point: dict[str, Any] = {"workers": n}
+        try:
+            plan = partition(model.graph, n, strategy, loss=model.loss, cost=cost)
+            step = predict(plan, args.batch, microbatches if n > 1 else 1, args.repeats, link)
+            one = one or step
+            used = workers_used(plan)
+            point.update(predicted_s=step, speedup=one / step, workers_used=used)
+            if used < n:
+                point["note"] = f"{used} of {n} workers get work"
+        except Exception as e:  # noqa: BLE001 - a strategy that cannot make n parts
+            point["note"] = f"no plan for {n}: {type(e).__name__}: {e}"
+        curve.append(point)
+    return curve
+
+
+def _cluster(plan: Plan, args: argparse.Namespace, microbatches: int,
+             feeds: dict[str, np.ndarray]) -> Cluster:
+    """A started cluster for `plan`, warmed up by `args.warmup` steps."""
+    extra = {"microbatches": microbatches, "schedule": args.schedule} if microbatches > 1 else {}
+    cluster = Cluster(plan, mode=args.mode, optimizer=OPTIMIZER, timeout=300.0, **extra)
+    try:
+        for _ in range(args.warmup):
+            cluster.step(feeds)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster
+
+
+def _timed(cluster: Cluster, feeds: dict[str, np.ndarray]) -> float:
+    t0 = time.perf_counter()
+    cluster.step(feeds)
+    return time.perf_counter() - t0
+
+
+def _table_row(workload: str, pt: dict[str, Any]) -> dict[str, Any]:
+    note = pt.get("note") or pt.get("error")
+    row: dict[str, Any] = {"workload": workload, "strategy": pt["strategy"],
+                           "workers": pt["workers"], "note": note and note[:60]}
+    if "median_s" in pt:
+        row.update(ms=1e3 * pt["median_s"], speedup=f"{pt['speedup']:.2f}x")
+        err = pt["predicted_s"] / pt["median_s"] - 1
+        row.update(pred_ms=1e3 * pt["predicted_s"], err=f"{100 * err:+.0f}",
+                   pred_ok="PASS" if abs(err) <= TOLERANCE else "FAIL")
+        if pt.get("workers_used", pt["workers"]) < pt["workers"]:
+            row["note"] = f"only {pt['workers_used']} workers get work"
+    goal = target(workload, pt["strategy"], pt["workers"])
+    if goal is not None:
+        row["target"] = f">={goal}x"
+        row["verdict"] = "PASS" if pt.get("speedup", 0.0) >= goal else "FAIL"
+    return row
+
+
+def _ceiling_line(name: str, c: dict[str, Any], mode: str) -> str:
+    what = "processes" if mode == "processes" else "thread clusters"
+    return (f"machine ceiling ({name}): two independent 1-worker {what} at once give "
+            f"{c['ratio']:.2f}x the throughput of one (a step alone "
+            f"{1e3 * statistics.median(c['alone_s']):.1f} ms, both together "
+            f"{1e3 * statistics.median(c['together_s']):.1f} ms)")
+
+
+def plot(doc: dict[str, Any], path: Path) -> str | None:
+    """Per workload: measured speedups (markers), predicted curves (lines), ideal, ceiling.
+    Returns a message instead when matplotlib is missing."""
+    try:
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter
+    except ImportError:
+        return "matplotlib is not installed: no PNG (pip install matplotlib)"
+    names = list(doc["workloads"])
+    fig = Figure(figsize=(6.4 * len(names), 5.0), layout="constrained")
+    for ax, name in zip(fig.subplots(1, len(names), squeeze=False)[0], names, strict=True):
+        wl = doc["workloads"][name]
+        top = max(c["workers"] for curve in wl["predicted"].values() for c in curve)
+        ys = [wl["ceiling"]["ratio"]]
+        ax.plot([1, top], [1, top], ":", color="gray", label="ideal")
+        for i, (label, curve) in enumerate(wl["predicted"].items()):
+            line = [(c["workers"], c["speedup"]) for c in curve if "speedup" in c]
+            pts = [(1, 1.0)] + [(p["workers"], p["speedup"]) for p in wl["points"]
+                                if p["strategy"] == label and "speedup" in p]
+            ys += [y for _, y in line + pts]
+            ax.plot(*zip(*line or [(1, 1.0)], strict=True), "-", color=f"C{i}", label=label)
+            ax.plot(*zip(*pts, strict=True), "o", color=f"C{i}", markersize=8,
+                    markeredgecolor="black")
+        ax.plot([], [], "-", color="black", label="predicted, 10 Gbit/s")
+        ax.plot([], [], "o", color="white", markeredgecolor="black", label="measured here")
+        ax.plot([2], [wl["ceiling"]["ratio"]], "*", color="black", markersize=14,
+                label=f"machine ceiling at 2 ({wl['ceiling']['ratio']:.2f}x)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_ylim(min(0.5, min(ys) / 1.25), top * 1.1)
+        ax.set(title=f"{name}, batch {doc['settings']['batch']}", xlabel="workers (machines)",
+               ylabel="speedup over 1 worker")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
