@@ -9,7 +9,7 @@ import pytest
 
 import graphflow as gf
 from graphflow.partitioners import partition
-from graphflow.partitioners.spatial import row_bounds
+from graphflow.partitioners.spatial import balanced_rows
 
 WORKLOADS = {"lc-large": (gf.models.lc_large, (3, 64, 64)),
              "digits-lc": (gf.models.digits_lc, (1, 32, 32)),
@@ -63,7 +63,8 @@ def test_only_the_halo_crosses_for_a_split_local2d(parts):
     plan = partition(model.graph, parts, "spatial", loss=model.loss)
     # lc2 reads lc1's output rows (29 of them, split like lc1's output) with a 5x5 window,
     # stride 2: block j of lc2's 13 output rows needs input rows [2 lo, 2 (hi - 1) + 5).
-    in_blocks, out_blocks = row_bounds(29, parts), row_bounds(13, parts)
+    rows = {n.name: b for n, b in balanced_rows(model.graph, parts).items()}
+    in_blocks, out_blocks = rows["lc1/local2d"], rows["lc2/local2d"]
     halo_rows = 0
     for j, (lo, hi) in enumerate(out_blocks):
         need = set(range(2 * lo, 2 * (hi - 1) + 5))
@@ -87,3 +88,21 @@ def test_each_tensor_is_sent_at_most_once_per_destination(workload):
     for w in plan.workers:
         keys = [n.attrs["key"] for n in w.graph.nodes if n.op == "recv"]
         assert len(keys) == len(set(keys))
+
+
+@pytest.mark.parametrize("parts", [2, 3, 4, 5])
+def test_row_blocks_are_even_per_layer_and_cover_every_row(parts):
+    model = gf.models.lc_large()
+    rows = balanced_rows(model.graph, parts)
+    assert {n.name for n in rows} == {"lc1/local2d", "lc2/local2d"}
+    for node, bounds in rows.items():
+        sizes = [hi - lo for lo, hi in bounds]
+        assert bounds[0][0] == 0 and bounds[-1][1] == node.shape[0]
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+    # lc2 (the heavier layer) gives its extra rows first; lc1's extra rows go to the others
+    if 29 % parts and 13 % parts:
+        lc1, lc2 = (rows[model.graph[n]] for n in ("lc1/local2d", "lc2/local2d"))
+        heavy = {i for i, (lo, hi) in enumerate(lc2) if hi - lo > 13 // parts}
+        extra = {i for i, (lo, hi) in enumerate(lc1) if hi - lo > 29 // parts}
+        assert not heavy & extra or len(extra) + len(heavy) > parts
