@@ -260,7 +260,8 @@ class CostModel:
         Each worker runs its nodes one at a time in topological order; a node starts when its
         worker is free and its inputs have arrived. A tensor is sent once per destination worker
         as soon as it is produced (parameters at time 0); sends out of one worker serialise on
-        its link. Placeholders and constants are local everywhere.
+        its link. Placeholders and constants are local everywhere. Last, each worker applies
+        the update to its parameters (three passes over them at memory bandwidth).
         """
         batch, link = batch or self.batch, link or self.link
         missing = [n.name for n in graph.nodes if n.name not in placement]
@@ -295,7 +296,15 @@ class CostModel:
                 bytes_out[w] += nbytes
                 bytes_in[d] += nbytes
                 transfers.append(Transfer(n.name, w, d, nbytes, start, seconds))
-        return Prediction(max(ready.values(), default=0.0), busy, bytes_in, bytes_out, transfers)
+        # then each worker updates the parameters it holds: read p and g, write p
+        for n in graph.nodes:
+            if n.op == "parameter":
+                w = where[n]
+                seconds = 3 * tensor_bytes(n, batch) / self.bandwidth_Bps
+                free[w] += seconds
+                busy[w] += seconds
+        step = max([*ready.values(), *free], default=0.0)
+        return Prediction(step, busy, bytes_in, bytes_out, transfers)
 
 
 def _random_input(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:

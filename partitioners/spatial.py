@@ -361,7 +361,3 @@ def _replicable(n: Node) -> bool:
     if n.op in REPLICATED:
         return True
     return n.op in UNARY | {"transpose"} and all(_replicable(x) for x in n.inputs)
-
-
-def param_bytes(graph: Graph) -> int:
-    return sum(prod(n.shape) * np.dtype(n.dtype).itemsize for n in graph.parameters())

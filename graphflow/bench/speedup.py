@@ -15,7 +15,6 @@ micro-batch work.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import statistics
 import sys
@@ -52,10 +51,6 @@ def target(workload: str, strategy: str, workers: int) -> float | None:
     if workers == 2 and workload == "speech-mlp" and strategy.startswith("layerwise+"):
         return 1.5
     return None
-
-
-def pipelining_available() -> bool:
-    return "microbatches" in inspect.signature(Cluster).parameters
 
 
 def parser() -> argparse.ArgumentParser:
@@ -138,7 +133,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "benchmark": "speedup", "machine": machine_info(),
         "settings": {k: v for k, v in vars(args).items() if k not in ("json", "png")},
-        "pipelining": pipelining_available(), "tolerance": TOLERANCE, "workloads": {},
+        "tolerance": TOLERANCE, "workloads": {},
         "notes": []}
     cores = doc["machine"]["cpu_count"] or 1
     if max(args.workers) > cores:
@@ -180,16 +175,13 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
         running: dict[int, Cluster] = {}
         for i, ((label, strategy, mb), n) in enumerate(todo):
             bar.label = f"{model.name} started {label} P={n}"
-            if mb > 1 and not pipelining_available():
-                points[i]["note"] = "pipelining unavailable: Cluster takes no microbatches"
-            else:
-                try:
-                    plan = partition(model.graph, n, strategy, loss=model.loss, cost=cost)
-                    points[i].update(workers_used=workers_used(plan), times_s=[],
-                                     predicted_s=predict(plan, args.batch, mb, args.repeats))
-                    running[i] = stack.enter_context(_cluster(plan, args, mb, feeds))
-                except Exception as e:  # noqa: BLE001 - one failed point is reported
-                    points[i]["error"] = f"{type(e).__name__}: {e}"
+            try:
+                plan = partition(model.graph, n, strategy, loss=model.loss, cost=cost)
+                points[i].update(workers_used=workers_used(plan), times_s=[],
+                                 predicted_s=predict(plan, args.batch, mb, args.repeats))
+                running[i] = stack.enter_context(_cluster(plan, args, mb, feeds))
+            except Exception as e:  # noqa: BLE001 - one failed point is reported
+                points[i]["error"] = f"{type(e).__name__}: {e}"
             bar.update()
         ceiling = time_rounds(base, other, running, points, feeds, args, bar)
     for pt in points:
