@@ -126,23 +126,10 @@ def verdict(value: float | None, target: float, higher_is_better: bool = True) -
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]],
                 title: str) -> None:
     """Print `rows` as an aligned text table; `columns` is (key, header) pairs."""
-    cells = [[_cell(r.get(k)) for k, _ in columns] for r in rows]
-    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h) in enumerate(columns)]
-    line = "  ".join("-" * w for w in widths)
+    from graphflow.bench import format_table  # imported late: numpy waits for set_threads
+
     print(f"\n{title}")
-    print("  ".join(h.ljust(w) for (_, h), w in zip(columns, widths)))
-    print(line)
-    for c in cells:
-        print("  ".join(v.rjust(w) if i else v.ljust(w)
-                        for i, (v, w) in enumerate(zip(c, widths))))
-
-
-def _cell(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
-    return str(v)
+    print(format_table(rows, columns))
 
 
 def write_json(path: Path, benchmark: str, args: Any, torch: Any,
