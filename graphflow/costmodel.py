@@ -189,8 +189,8 @@ class CostModel:
         return model
 
     def calibrate_link(self, repeats: int = 5) -> Link:
-        """Measure the local transport (ZeroMQ PUSH/PULL over ipc between two threads, 1 KB and
-        4 MB ping-pong); store and return Link(bandwidth, latency)."""
+        """Measure the local transport (graphflow's Endpoint over ipc between two threads, 1 KB
+        and 4 MB ping-pong); store and return Link(bandwidth, latency)."""
         small, large = 1024, 4 << 20
         t_small, t_large = _ping_pong(small, repeats), _ping_pong(large, repeats)
         self.link = Link((large - small) / max(t_large - t_small, 1e-9), t_small)
@@ -342,44 +342,33 @@ def _read_cache(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _ping_pong(nbytes: int, rounds: int, timeout_ms: int = 5000) -> float:
-    """Median one-way seconds of an nbytes message between two threads over ZeroMQ ipc."""
-    import zmq
+def _ping_pong(nbytes: int, rounds: int, timeout: float = 5.0) -> float:
+    """Median one-way seconds of an nbytes tensor between two threads over the transport
+    (graphflow.transport.Endpoint on ipc: the frames, checks and copies a step pays)."""
+    from graphflow.transport.endpoint import Endpoint  # the transport imports zmq
 
-    ctx = zmq.Context()
-    socks = [ctx.socket(t) for t in (zmq.PUSH, zmq.PULL, zmq.PULL, zmq.PUSH)]
-    out, back, echo_in, echo_out = socks
-    for sock in socks:
-        for opt, value in ((zmq.RCVTIMEO, timeout_ms), (zmq.SNDTIMEO, timeout_ms),
-                           (zmq.LINGER, 0)):
-            sock.setsockopt(opt, value)
+    payload, times = np.zeros(nbytes, np.uint8), []
+    with tempfile.TemporaryDirectory() as d, \
+            Endpoint("a", f"ipc://{d}/a", timeout=timeout) as a, \
+            Endpoint("b", f"ipc://{d}/b", timeout=timeout) as b:
+        a.connect("b", b.address)
+        b.connect("a", a.address)
 
-    def echo() -> None:
-        try:
-            for _ in range(rounds + 1):
-                echo_out.send(echo_in.recv(copy=False), copy=False)
-        except zmq.Again:
-            pass
+        def echo() -> None:
+            for i in range(rounds + 1):
+                got = b.recv_any(timeout)
+                if got is None:
+                    return
+                b.send("a", "pong", got[1], step=i)
 
-    payload, times, thread = np.zeros(nbytes, np.uint8), [], threading.Thread(target=echo)
-    with tempfile.TemporaryDirectory() as d:
-        try:
-            for sock, end, where in ((out, "bind", "a"), (back, "bind", "b"),
-                                     (echo_in, "connect", "a"), (echo_out, "connect", "b")):
-                getattr(sock, end)(f"ipc://{d}/{where}")
-            thread.start()
-            for _ in range(rounds + 1):
-                t0 = time.perf_counter()
-                out.send(payload, copy=False)
-                back.recv(copy=False)
-                times.append((time.perf_counter() - t0) / 2)
-        except zmq.Again:
-            raise TimeoutError(f"link calibration: no echo of a {nbytes} B message within "
-                               f"{timeout_ms} ms") from None
-        finally:
-            if thread.is_alive():
-                thread.join(timeout_ms / 1000)
-            for sock in socks:
-                sock.close()
-            ctx.term()
+        thread = threading.Thread(target=echo, daemon=True)
+        thread.start()
+        for i in range(rounds + 1):
+            t0 = time.perf_counter()
+            a.send("b", "ping", payload, step=i)
+            if a.recv_any(timeout) is None:
+                raise TimeoutError(f"link calibration: no echo of a {nbytes} B tensor within "
+                                   f"{timeout:g} s")
+            times.append((time.perf_counter() - t0) / 2)
+        thread.join(timeout)
     return statistics.median(times[1:])

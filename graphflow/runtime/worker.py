@@ -85,9 +85,9 @@ class Worker:
         self.recvs = {n.attrs["key"]: n for n in self.order if n.op == "recv"}
         self.grad_nodes = set(self.grads.values())
         self.stages = stages
-        backward = [n for n in self.order if pipeline.is_backward(n)]
-        self.phases = {"FB": self.order, "B": backward,
-                       "F": [n for n in self.order if n not in set(backward)]}
+        backward = {n for n in self.order if pipeline.is_backward(n)}
+        self.phases = {"FB": self.order, "B": [n for n in self.order if n in backward],
+                       "F": [n for n in self.order if n not in backward]}
         self.bytes_sent = self.bytes_received = 0
         self.sent_keys: list[str] = []
         self._inbox: queue.Queue[tuple[dict[str, Any], np.ndarray]] = queue.Queue()
