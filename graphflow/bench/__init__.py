@@ -17,20 +17,17 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-               "NUMBA_NUM_THREADS")
+# NUMBA_NUM_THREADS is left alone: numba re-reads the environment whenever it compiles and
+# refuses a new value once its thread pool runs (our kernels are not parallel anyway).
+THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 @contextmanager
 def single_threaded() -> Iterator[None]:
-    """One BLAS / OpenMP / Numba thread here and in every worker process started inside (they
+    """One BLAS / OpenMP thread here and in every worker process started inside (they
     inherit the environment); restores the previous settings on exit."""
-    import numba
-
     saved = {v: os.environ.get(v) for v in THREAD_VARS}
-    numba_threads = numba.get_num_threads()
     os.environ.update(dict.fromkeys(THREAD_VARS, "1"))
-    numba.set_num_threads(1)
     try:
         from threadpoolctl import threadpool_limits  # numpy / scipy BLAS already loaded here
         limits: Any = threadpool_limits(1)
@@ -40,7 +37,6 @@ def single_threaded() -> Iterator[None]:
         with limits:
             yield
     finally:
-        numba.set_num_threads(numba_threads)
         for var, value in saved.items():
             if value is None:
                 os.environ.pop(var, None)
