@@ -123,6 +123,31 @@ def verdict(value: float | None, target: float, higher_is_better: bool = True) -
     return "PASS" if ok else "FAIL"
 
 
+def time_against_peer(row: dict[str, Any], name: str, args: Any, ours: Callable[[], Any],
+                      peer: Callable[[], Callable[[], Any]] | None) -> list[str]:
+    """Time graphflow (`ours()` -> (run, profile)) against the torch peer (`peer()` -> run)
+    into `row`: per side the median and `<side>_ms`, then the ratio and the verdict. A failure
+    of ours is reported in the row (and on stderr) while the peer is still timed."""
+    fns: dict[str, Callable[[], Any]] = {}
+    try:
+        run, profile = ours()
+        run()  # compile and check it runs before timing anything
+        fns["ours"] = run
+        if args.profile:
+            profile()
+    except Exception as e:  # noqa: BLE001 - one broken row must not hide the others
+        row["error"] = f"{type(e).__name__}: {e}"
+        print(f"error in {name}: {row['error']}", file=sys.stderr)
+    if peer is not None:
+        fns["torch"] = peer()
+    row.update(measure(fns, args.repeats, args.warmup))
+    for side in fns:
+        row[f"{side}_ms"] = row[side]["median_s"] * 1e3
+    row["ratio"] = ratio(row.get("torch_ms"), row.get("ours_ms"))
+    row["verdict"] = "ERROR" if "error" in row else verdict(row["ratio"], row["target"])
+    return list(fns)
+
+
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]],
                 title: str) -> None:
     """Print `rows` as an aligned text table; `columns` is (key, header) pairs."""

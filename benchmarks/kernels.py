@@ -113,24 +113,11 @@ def peer(torch: Any, case: Case, x: Any, dy: Any) -> Callable[[], Any]:
 def run_case(case: Case, args: Any, torch: Any) -> dict[str, Any]:
     row: dict[str, Any] = {"case": case.name, "target": case.target, **asdict(case)}
     x, dy = data(case)
-    fns = {}
-    try:
-        fns["ours"], profile = ours(case, x, dy)
-        fns["ours"]()  # compile and check it runs before timing anything
-        if args.profile:
-            profile()
-    except Exception as e:  # noqa: BLE001 - one broken layer must not hide the other rows
-        fns.pop("ours", None)
-        row["error"] = f"{type(e).__name__}: {e}"
-        print(f"error in {case.name}: {row['error']}", file=sys.stderr)
-    if torch is not None:
-        fns["torch"] = peer(torch, case, x, dy)
-    row.update(common.measure(fns, args.repeats, args.warmup))
-    for side in fns:
-        row[f"{side}_ms"] = row[side]["median_s"] * 1e3
+    sides = common.time_against_peer(
+        row, case.name, args, lambda: ours(case, x, dy),
+        (lambda: peer(torch, case, x, dy)) if torch is not None else None)
+    for side in sides:
         row[f"{side}_gflops"] = case.flops() / row[side]["median_s"] / 1e9
-    row["ratio"] = common.ratio(row.get("torch_ms"), row.get("ours_ms"))
-    row["verdict"] = "ERROR" if "error" in row else common.verdict(row["ratio"], case.target)
     return row
 
 

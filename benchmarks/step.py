@@ -71,23 +71,8 @@ def peer(torch: Any, workload: str, x: Any, y: Any) -> Callable[[], float]:
 def time_workload(workload: str, args: argparse.Namespace, torch: Any) -> dict[str, Any]:
     row: dict[str, Any] = {"workload": workload, "batch": BATCH, "target": TARGETS[workload]}
     x, y = data(workload)
-    fns = {}
-    try:
-        fns["ours"], profile = ours(workload, x, y)
-        fns["ours"]()  # compile and check it runs before timing anything
-        if args.profile:
-            profile()
-    except Exception as e:  # noqa: BLE001 - report it in the row, keep timing the peer
-        fns.pop("ours", None)
-        row["error"] = f"{type(e).__name__}: {e}"
-        print(f"error in {workload}: {row['error']}", file=sys.stderr)
-    if torch is not None:
-        fns["torch"] = peer(torch, workload, x, y)
-    row.update(common.measure(fns, args.repeats, args.warmup))
-    for side in fns:
-        row[f"{side}_ms"] = row[side]["median_s"] * 1e3
-    row["ratio"] = common.ratio(row.get("torch_ms"), row.get("ours_ms"))
-    row["verdict"] = "ERROR" if "error" in row else common.verdict(row["ratio"], row["target"])
+    common.time_against_peer(row, workload, args, lambda: ours(workload, x, y),
+                             (lambda: peer(torch, workload, x, y)) if torch is not None else None)
     return row
 
 

@@ -89,7 +89,7 @@ def hosts():
     try:
         h = Hosts.create([*WORKER_HOSTS, "c"])
     except Unavailable as e:
-        pytest.skip(str(e))
+        pytest.skip(reason=str(e))
     try:
         yield h
     finally:
