@@ -83,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
 
 DEFAULTS = {  # workload -> (steps, batch, lr)
     "digits-lc": (1500, 32, 0.03),
-    "lc-large": (20, 64, 0.01),
+    "lc-large": (20, 64, 0.002),
     "speech-mlp": (20, 64, 0.01),
 }
 
@@ -97,8 +97,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     steps, batch, lr = DEFAULTS[args.workload]
     steps, batch, lr = args.steps or steps, args.batch or batch, args.lr or lr
-    model = WORKLOADS[args.workload](batch=None if args.workload == "digits-lc" else batch,
-                                     seed=args.seed)
+    model = WORKLOADS[args.workload](batch=None, seed=args.seed)
     if args.workload == "digits-lc":
         data = datasets.digits(seed=args.seed)
         shift = 2

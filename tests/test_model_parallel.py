@@ -105,10 +105,14 @@ def test_pipelined_layerwise_step_equals_single_process(workload, parts, schedul
         assert_close(got[name], want, f"gradient of {name}")
 
 
-def test_pipelining_refuses_a_non_linear_plan():
+def test_pipelining_refuses_a_non_linear_plan_and_a_fixed_batch():
     model = gf.models.digits_lc()
     plan = partition(model.graph, 2, "spatial", loss=model.loss)
     with pytest.raises(ValueError, match="layerwise plan"):
+        Cluster(plan, microbatches=2)
+    model = gf.models.digits_lc(batch=32)
+    plan = partition(model.graph, 2, "layerwise", loss=model.loss)
+    with pytest.raises(ValueError, match="placeholder 'x' has a fixed one"):
         Cluster(plan, microbatches=2)
 
 

@@ -88,6 +88,11 @@ class Cluster:
         if microbatches > 1:
             pipeline.schedule(schedule, 0, plan.parts, microbatches)  # validates the arguments
             pipeline.check_linear([(t.key, t.src, t.dst) for t in plan.transfers])
+            fixed = [n.name for n in plan.graph.placeholders() if n.shape and n.shape[0]]
+            if fixed:
+                raise ValueError(f"micro-batches need a symbolic batch dimension, but "
+                                 f"placeholder '{fixed[0]}' has a fixed one: build the model "
+                                 f"with batch=None")
         self.microbatches, self.schedule = microbatches, schedule
         self.names = [worker_name(i) for i in range(plan.parts)]
         self.context = zmq.Context.instance()
