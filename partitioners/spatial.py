@@ -89,17 +89,18 @@ def balanced_rows(graph: Graph, parts: int,
     left-over rows go to the workers with the least work so far, the most expensive layers
     first, so the rounding evens out across layers."""
     cost = cost or CostModel.default()
-    layers = [n for n in graph.nodes if n.op in WINDOWED and int(n.shape[WINDOWED[n.op]]) >= parts]
+    layers = [n for n in graph.nodes if n.op in WINDOWED and int(n.shape[WINDOWED[n.op]]) > 1]
     per_row = {n: row_seconds(n, cost) for n in layers}
     load = np.zeros(parts)
     out: dict[Node, list[tuple[int, int]]] = {}
     for n in sorted(layers, key=lambda n: -per_row[n] * int(n.shape[WINDOWED[n.op]])):
         rows = int(n.shape[WINDOWED[n.op]])
-        sizes = np.full(parts, rows // parts)
-        sizes[np.argsort(load, kind="stable")[:rows % parts]] += 1
+        k = min(rows, parts)  # a layer with fewer rows than workers uses the first `rows`
+        sizes = np.full(k, rows // k)
+        sizes[np.argsort(load[:k], kind="stable")[:rows % k]] += 1
         edges = np.concatenate([[0], np.cumsum(sizes)])
         out[n] = [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
-        load += sizes * per_row[n]
+        load[:k] += sizes * per_row[n]
     return out
 
 
@@ -218,7 +219,7 @@ class _Rewriter:
         axis = s.axis + n.ndim - n.inputs[i].ndim  # broadcasting aligns dims on the right
         per_input = [self.blocks_of(x, n.ndim, axis, s.bounds) for x in n.inputs]
         blocks = [self.on(j, n.op, *(ins[j] for ins in per_input), name=f"{n.name}/part{j}",
-                          **n.attrs) for j in range(self.parts)]
+                          **n.attrs) for j in range(len(s.bounds))]
         return Split(axis, blocks, s.bounds)
 
     def blocks_of(self, x: Node, out_ndim: int, axis: int,
@@ -230,7 +231,7 @@ class _Rewriter:
         xa = axis - (out_ndim - x.ndim)  # the same axis in x's own (right-aligned) dims
         if xa < 0 or x.shape[xa] == 1:
             whole = self.whole(x)
-            return [whole] * self.parts  # broadcast along the split axis: every block uses it
+            return [whole] * len(bounds)  # broadcast along the split axis: every block uses it
         if x.op == "parameter" and self.users[x] == 1 and v is None:
             shapes = [tuple(hi - lo if d == xa else s for d, s in enumerate(x.shape))
                       for lo, hi in bounds]

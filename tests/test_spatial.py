@@ -106,3 +106,24 @@ def test_row_blocks_are_even_per_layer_and_cover_every_row(parts):
         heavy = {i for i, (lo, hi) in enumerate(lc2) if hi - lo > 13 // parts}
         extra = {i for i, (lo, hi) in enumerate(lc1) if hi - lo > 29 // parts}
         assert not heavy & extra or len(extra) + len(heavy) > parts
+
+
+@pytest.mark.parametrize("workload,parts", [("lc-large", 16), ("digits-lc", 8)])
+def test_layers_with_fewer_rows_than_workers_use_one_row_per_worker(workload, parts):
+    build, shape = WORKLOADS[workload]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, *shape)).astype(np.float32)
+    y = np.array([1, 2], np.int32)
+    model, loss, grads = reference(build, x, y)
+    plan = partition(build(batch=None).graph, parts, "spatial", loss=model.loss)
+    g = plan.graph
+    names = list(plan.grads)
+    values = gf.Session(g).run([g[plan.loss]] + [g[plan.grads[n]] for n in names],
+                               {"x": x, "y": y})
+    assert abs(values[0] - loss) <= 1e-5 * abs(loss)
+    got = plan.assemble(dict(zip(names, values[1:])))
+    for name, want in grads.items():
+        assert np.abs(got[name] - want).max() <= 1e-5 * (np.abs(want).max() + 1e-12), name
+    rows = balanced_rows(build().graph, parts)
+    assert any(len(b) < parts for b in rows.values())  # some layer has fewer rows than workers
+    assert all(hi - lo >= 1 for b in rows.values() for lo, hi in b)
