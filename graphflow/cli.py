@@ -62,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--backward", action="store_true", help="include the gradient nodes")
     s.add_argument("--parts", type=int, default=1,
                    help="partition it for this many workers and print the plan's report")
-    s.add_argument("--strategy", default="spatial", choices=STRATEGIES)
+    s.add_argument("--strategy", default="spatial", choices=[*STRATEGIES, "all"],
+                   help="placement strategy; `all` compares their cuts and predicted steps")
     s.add_argument("--batch", type=int, default=64, help="batch size for the plan's figures")
 
     sub.add_parser("ops", help="list the registered ops", epilog="example: graphflow ops")
@@ -147,10 +148,22 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     model = WORKLOADS[args.workload]()
     if args.parts > 1:
-        from graphflow.partitioners import partition
+        from graphflow.partitioners import STRATEGIES, partition
 
-        plan = partition(model.graph, args.parts, args.strategy, loss=model.loss)
-        print(plan.report(args.batch))
+        if args.strategy != "all":
+            plan = partition(model.graph, args.parts, args.strategy, loss=model.loss)
+            print(plan.report(args.batch))
+            return 0
+        print(f"{args.workload} on {args.parts} workers, batch {args.batch}:")
+        for strategy in STRATEGIES:
+            plan = partition(model.graph, args.parts, strategy, loss=model.loss)
+            cut = sum(t.nbytes(args.batch) for t in plan.transfers)
+            prediction = plan.predict(args.batch)
+            used = sum(b > 0 for b in prediction.busy)
+            spread = max(prediction.busy) * used / sum(prediction.busy)
+            print(f"  {strategy:<10} cut {cut / 1e6:8.2f} MB/step in {len(plan.transfers):3d} "
+                  f"transfers, predicted step {1e3 * prediction.step_seconds:7.1f} ms, "
+                  f"{used} worker(s) busy, the busiest {spread:.2f}x their mean")
         return 0
     if args.backward:
         gradients(model.loss, model.graph.parameters())

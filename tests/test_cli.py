@@ -38,5 +38,7 @@ def test_partitioned_training_and_plan_report():
     assert result["test_accuracy"] > 0.3 and result["final_loss"] > 0
     r = run("show", "lc-large", "--parts", "2", "--strategy", "spatial")
     assert r.returncode == 0 and "predicted step" in r.stdout and "plan: spatial" in r.stdout
+    r = run("show", "digits-lc", "--parts", "2", "--strategy", "all")
+    assert r.returncode == 0 and all(s in r.stdout for s in ("spatial", "layerwise", "mincut"))
     r = run("train", "digits-lc", "--cluster", "/no/such/file.toml", "--no-progress")
     assert r.returncode == 1 and "No such file" in r.stderr
