@@ -26,7 +26,7 @@ IP_TIMEOUT = 10.0           # seconds for one `ip` command
 
 
 class Unavailable(Exception):
-    """Namespaces cannot be made here; the message says why (for pytest.skip)."""
+    """Namespaces cannot be made here; the message says why (the tests skip with it)."""
 
 
 def _ip(*args: str) -> subprocess.CompletedProcess[str]:
