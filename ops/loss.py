@@ -34,12 +34,19 @@ Grads = Sequence[Node | None]
 
 # -- kernels (2-D, one row per example) --------------------------------------------------------
 
+@njit(cache=True, nogil=True, inline="always")
+def _row_max(x: np.ndarray, i: int) -> float:
+    m = -np.inf
+    for j in range(x.shape[1]):
+        m = max(m, x[i, j])
+    return m
+
+
 @njit(cache=True, nogil=True)
-def _softmax_kernel(x: np.ndarray, out: np.ndarray, log: bool) -> None:
+def _softmax_kernel(x: np.ndarray, out: np.ndarray, log: bool, scale: float = 1.0) -> None:
+    """out = log_softmax(x), or scale * softmax(x), row by row (shifted by the row max)."""
     for i in range(x.shape[0]):
-        m = -np.inf
-        for j in range(x.shape[1]):
-            m = max(m, x[i, j])
+        m = _row_max(x, i)
         s = 0.0
         for j in range(x.shape[1]):
             e = np.exp(x[i, j] - m)
@@ -50,7 +57,7 @@ def _softmax_kernel(x: np.ndarray, out: np.ndarray, log: bool) -> None:
             for j in range(x.shape[1]):
                 out[i, j] = x[i, j] - shift
         else:
-            inv = 1.0 / s
+            inv = scale / s
             for j in range(x.shape[1]):
                 out[i, j] *= inv
 
@@ -76,9 +83,7 @@ def _xent_kernel(logits: np.ndarray, labels: np.ndarray) -> float:
     """Sum over rows of logsumexp(logits[i]) - logits[i, labels[i]]."""
     total = 0.0
     for i in range(logits.shape[0]):
-        m = -np.inf
-        for j in range(logits.shape[1]):
-            m = max(m, logits[i, j])
+        m = _row_max(logits, i)
         s = 0.0
         for j in range(logits.shape[1]):
             s += np.exp(logits[i, j] - m)
@@ -90,18 +95,8 @@ def _xent_kernel(logits: np.ndarray, labels: np.ndarray) -> float:
 def _xent_grad_kernel(logits: np.ndarray, labels: np.ndarray, scale: float,
                       dx: np.ndarray) -> None:
     """dx = (softmax(logits) - onehot(labels)) * scale."""
+    _softmax_kernel(logits, dx, False, scale)
     for i in range(logits.shape[0]):
-        m = -np.inf
-        for j in range(logits.shape[1]):
-            m = max(m, logits[i, j])
-        s = 0.0
-        for j in range(logits.shape[1]):
-            e = np.exp(logits[i, j] - m)
-            dx[i, j] = e
-            s += e
-        inv = scale / s
-        for j in range(logits.shape[1]):
-            dx[i, j] *= inv
         dx[i, labels[i]] -= scale
 
 
