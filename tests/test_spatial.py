@@ -23,13 +23,13 @@ def reference(build, x, y):
     return m, values[0], dict(zip(grads, values[1:]))
 
 
-@pytest.mark.parametrize("parts", [1, 2, 3, 4])
-@pytest.mark.parametrize("workload", sorted(WORKLOADS))
-def test_rewritten_graph_matches_single_process(workload, parts):
+def check_rewrite(workload, parts, batch, seed):
+    """The spatially rewritten graph, run in one session, gives the whole model's loss and
+    gradients (blocks of split parameters joined)."""
     build, shape = WORKLOADS[workload]
-    rng = np.random.default_rng(parts)
-    x = rng.standard_normal((3, *shape)).astype(np.float32)
-    y = rng.integers(0, 10, 3).astype(np.int32)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, *shape)).astype(np.float32)
+    y = rng.integers(0, 10, batch).astype(np.int32)
     model, loss, grads = reference(build, x, y)
     plan = partition(build(batch=None).graph, parts, "spatial", loss=model.loss)
     g = plan.graph
@@ -42,6 +42,12 @@ def test_rewritten_graph_matches_single_process(workload, parts):
     for name, want in grads.items():
         scale = np.abs(want).max() + 1e-12
         assert np.abs(got[name] - want).max() <= 1e-5 * scale, name
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_rewritten_graph_matches_single_process(workload, parts):
+    check_rewrite(workload, parts, batch=3, seed=parts)
 
 
 @pytest.mark.parametrize("parts", [2, 4])
@@ -110,20 +116,8 @@ def test_row_blocks_are_even_per_layer_and_cover_every_row(parts):
 
 @pytest.mark.parametrize("workload,parts", [("lc-large", 16), ("digits-lc", 8)])
 def test_layers_with_fewer_rows_than_workers_use_one_row_per_worker(workload, parts):
-    build, shape = WORKLOADS[workload]
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, *shape)).astype(np.float32)
-    y = np.array([1, 2], np.int32)
-    model, loss, grads = reference(build, x, y)
-    plan = partition(build(batch=None).graph, parts, "spatial", loss=model.loss)
-    g = plan.graph
-    names = list(plan.grads)
-    values = gf.Session(g).run([g[plan.loss]] + [g[plan.grads[n]] for n in names],
-                               {"x": x, "y": y})
-    assert abs(values[0] - loss) <= 1e-5 * abs(loss)
-    got = plan.assemble(dict(zip(names, values[1:])))
-    for name, want in grads.items():
-        assert np.abs(got[name] - want).max() <= 1e-5 * (np.abs(want).max() + 1e-12), name
+    check_rewrite(workload, parts, batch=2, seed=0)
+    build = WORKLOADS[workload][0]
     rows = balanced_rows(build().graph, parts)
     assert any(len(b) < parts for b in rows.values())  # some layer has fewer rows than workers
     assert all(hi - lo >= 1 for b in rows.values() for lo, hi in b)
