@@ -90,7 +90,7 @@ class Session:
         node = self.graph[name]
         if node.op != "parameter":
             raise GraphError(located(node, "is not a parameter"))
-        self.params[name] = _checked_value(node, value)
+        self.params[name] = checked_value(node, value)
 
     def run(self, fetches: Node | Sequence[Node], feeds: Feeds | None = None) -> Any:
         """Compute `fetches` (a node or a sequence of nodes) given placeholder `feeds`."""
@@ -116,7 +116,7 @@ class Session:
         values: dict[Node, np.ndarray] = {}
         for node, dead in zip(plan.order, plan.frees, strict=True):
             if node in fed:
-                values[node] = _checked_value(node, fed[node])
+                values[node] = checked_value(node, fed[node])
             else:
                 values[node] = self._compute(node, values, wanted)
             for d in dead:
@@ -133,21 +133,26 @@ class Session:
             raise MissingFeedError(located(node, f"is not fed, but {_names(wanted)} need it; "
                                                  f"expected a {node.dtype} array of shape "
                                                  f"{fmt(node.shape)}"))
-        try:
-            out = REGISTRY[node.op].forward([values[x] for x in node.inputs], node.attrs)
-        except ValueError as e:  # bad values the shape rules cannot see (e.g. a label >= K)
-            raise ValueError(located(node, str(e))) from e
-        if self.check_numerics and out.dtype.kind == "f" and not np.isfinite(out).all():
-            raise NonFiniteError(located(node, f"produced {int(np.isnan(out).sum())} NaN and "
-                                               f"{int(np.isinf(out).sum())} inf values"))
-        return out
+        return run_kernel(node, [values[x] for x in node.inputs], self.check_numerics)
+
+
+def run_kernel(node: Node, inputs: list[np.ndarray], check_numerics: bool = False) -> np.ndarray:
+    """Apply `node`'s kernel to its input values; errors name the node and the user's line."""
+    try:
+        out = REGISTRY[node.op].forward(inputs, node.attrs)
+    except ValueError as e:  # bad values the shape rules cannot see (e.g. a label >= K)
+        raise ValueError(located(node, str(e))) from e
+    if check_numerics and out.dtype.kind == "f" and not np.isfinite(out).all():
+        raise NonFiniteError(located(node, f"produced {int(np.isnan(out).sum())} NaN and "
+                                           f"{int(np.isinf(out).sum())} inf values"))
+    return out
 
 
 def _names(nodes: list[Node]) -> str:
     return ", ".join(f"'{n.name}'" for n in nodes[:4]) + (" ..." if len(nodes) > 4 else "")
 
 
-def _checked_value(node: Node, value: Any) -> np.ndarray:
+def checked_value(node: Node, value: Any) -> np.ndarray:
     """A fed or set value as a contiguous array of the node's dtype, after checking its shape."""
     arr = np.asarray(value)
     if arr.ndim != len(node.shape) or any(

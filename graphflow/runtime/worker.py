@@ -18,11 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from graphflow.errors import GraphflowError, NonFiniteError, located
-from graphflow.executor import _checked_value
+from graphflow.errors import GraphflowError, located
+from graphflow.executor import checked_value, run_kernel
 from graphflow.init import initial_value
 from graphflow.ir import Graph, Node
-from graphflow.ops.registry import REGISTRY
 from graphflow.optim import OPTIMIZERS, Optimizer
 from graphflow.runtime import pipeline
 from graphflow.transport.endpoint import Endpoint, PeerTimeout
@@ -189,15 +188,12 @@ class Worker:
         if n.op == "placeholder":
             if n.name not in feeds:
                 raise StepFailed(located(n, f"is not fed on {worker_name(self.index)}"))
-            return _checked_value(n, feeds[n.name])
+            return checked_value(n, feeds[n.name])
         inputs = [values[x] for x in n.inputs]
         if n.op == "send":
             self._outbox.put((worker_name(n.attrs["dst"]), n.attrs["key"], inputs[0], step))
             return inputs[0]
-        out = REGISTRY[n.op].forward(inputs, n.attrs)
-        if check_numerics and out.dtype.kind == "f" and not np.isfinite(out).all():
-            raise NonFiniteError(located(n, f"produced NaN or inf on {worker_name(self.index)}"))
-        return out
+        return run_kernel(n, inputs, check_numerics)
 
     def _arrivals(self, step: int, block: bool, deadline: float,
                   waiting: dict[str, Node]) -> list[tuple[dict[str, Any], np.ndarray]]:
