@@ -7,10 +7,8 @@ before anything imports numpy (this module imports numpy only inside functions).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -88,25 +86,10 @@ def measure(fns: dict[str, Callable[[], Any]], repeats: int,
 
 
 def machine_info(threads: int, torch: Any) -> dict[str, Any]:
-    import numba
-    import numpy as np
-    return {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "host": platform.node(), "platform": platform.platform(),
-        "python": platform.python_version(), "cpu_count": os.cpu_count(),
-        "cpu_model": _cpu_model(), "threads": threads, "numpy": np.__version__,
-        "numba": numba.__version__, "torch": torch.__version__ if torch else None,
-    }
+    from graphflow.bench import machine_info as graphflow_machine  # after set_threads
 
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
+    return {**graphflow_machine(), "threads": threads,
+            "torch": torch.__version__ if torch else None}
 
 
 def ratio(torch_s: float | None, ours_s: float | None) -> float | None:
