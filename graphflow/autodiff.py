@@ -68,6 +68,7 @@ def gradients(loss: Node, wrt: Sequence[Node], dy: Node | None = None) -> dict[s
             for x, want, g in zip(node.inputs, wants, grads, strict=True):
                 if want and g is not None:
                     partials.setdefault(x, []).append(g)
+    graph.gradients.update({w.name: done[w].name for w in wrt})
     return {w.name: done[w] for w in wrt}
 
 

@@ -87,6 +87,8 @@ class Graph:
         self._name_counts: dict[str, int] = {}
         self._scopes: list[str] = []
         self._devices: list[str | None] = []
+        # node name -> its gradient node's name, recorded by gradients() for placements
+        self.gradients: dict[str, str] = {}
 
     # -- context ----------------------------------------------------------------------------
     def __enter__(self) -> Graph:

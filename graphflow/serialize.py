@@ -50,7 +50,8 @@ def graph_to_dict(graph: Graph) -> dict[str, Any]:
     nodes = [{"op": n.op, "name": n.name, "inputs": [x.name for x in n.inputs],
               "attrs": encode_value(n.attrs), "shape": list(n.shape), "dtype": n.dtype,
               "device": n.device, "source": n.source} for n in graph.nodes]
-    return {"format": FORMAT, "dtype": graph.dtype, "seed": graph.seed, "nodes": nodes}
+    return {"format": FORMAT, "dtype": graph.dtype, "seed": graph.seed, "nodes": nodes,
+            "gradients": dict(graph.gradients)}
 
 
 def graph_from_dict(data: dict[str, Any]) -> Graph:
@@ -65,5 +66,6 @@ def graph_from_dict(data: dict[str, Any]) -> Graph:
             raise ValueError(f"node '{d['name']}' uses {missing[0]!r} before it is defined")
         g.insert(d["op"], d["name"], [g[x] for x in d["inputs"]], decode_value(d["attrs"]),
                  tuple(d["shape"]), d["dtype"], d["device"], d["source"])
+    g.gradients = {k: v for k, v in data.get("gradients", {}).items() if k in g and v in g}
     g.validate()
     return g

@@ -79,4 +79,4 @@ def place(graph: Graph, parts: int,
     use = users(graph)
     for p in graph.parameters():
         out[p.name] = out[use[p][0].name] if use[p] else 0
-    return graph, complete(graph, out, param_gradients(graph, anchor))
+    return graph, complete(graph, out, param_gradients(graph))

@@ -85,21 +85,10 @@ def _forward_prefix(graph: Graph, name: str, back: set[Node]) -> Node | None:
     return None
 
 
-def param_gradients(graph: Graph, anchor: dict[Node, Node] | None = None) -> dict[Node, Node]:
-    """parameter -> the backward node that ends its gradient: a backward sink of the parameter's
-    shape whose anchor consumes the parameter (what gf.gradients returns for it)."""
-    anchor = anchor if anchor is not None else anchors(graph)
-    use = users(graph)
-    back = backward_nodes(graph)
-    out: dict[Node, Node] = {}
-    for s in graph.nodes:
-        if s not in back or use[s]:
-            continue
-        for p in anchor[s].inputs:
-            if p.op == "parameter" and p.shape == s.shape and p not in out:
-                out[p] = s
-                break
-    return out
+def param_gradients(graph: Graph) -> dict[Node, Node]:
+    """parameter -> the node that ends its gradient, as gf.gradients recorded it."""
+    return {graph[p]: graph[g] for p, g in graph.gradients.items()
+            if graph[p].op == "parameter"}
 
 
 def complete(graph: Graph, placement: dict[str, int],
@@ -158,4 +147,4 @@ def place(graph: Graph, parts: int,
     for p in graph.parameters():
         k = explicit[p]
         out[p.name] = k if k is not None else (out[use[p][0].name] if use[p] else 0)
-    return graph, complete(graph, out, param_gradients(graph, anchor))
+    return graph, complete(graph, out, param_gradients(graph))

@@ -59,7 +59,7 @@ def _atoms(graph: Graph, seconds: dict[Node, float], limit: float) -> dict[Node,
     (a parameter stays with its gradient)."""
     anchor = anchors(graph)
     use = users(graph)
-    grads = param_gradients(graph, anchor)
+    grads = param_gradients(graph)
     key: dict[Node, Key] = dict(anchor)
     for p in graph.parameters():
         key[p] = anchor[use[p][0]] if use[p] else p
