@@ -219,6 +219,12 @@ class Cluster:
     def params(self) -> dict[str, np.ndarray]:
         return {k: v for r in self._call_all("get_params", {}) for k, v in r.items()}
 
+    def set_params(self, values: Mapping[str, np.ndarray]) -> None:
+        """Overwrite parameters by name on the workers that hold them."""
+        held = [{p.name for p in w.graph.parameters()} for w in self.plan.workers]
+        self._call_each("set_params", [{"values": {k: v for k, v in values.items() if k in h}}
+                                       for h in held])
+
     def stats(self) -> list[dict[str, Any]]:
         return self._call_all("stats", {})
 

@@ -1,0 +1,1 @@
+"""Sharded parameter server: parameters sliced across shards, updated where they live."""

@@ -1,0 +1,1 @@
+"""Data parallelism: replicas of a (partitioned) model sharing parameters through the PS."""
