@@ -92,7 +92,7 @@ def test_training_steps_give_the_same_parameters(workload, strategy):
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("parts", [2, 3])
-@pytest.mark.parametrize("workload", ["speech-mlp", "digits-lc"])
+@pytest.mark.parametrize("workload", ["speech-mlp", "digits-lc", "lc-large"])
 def test_pipelined_layerwise_step_equals_single_process(workload, parts, schedule):
     loss, grads = reference(workload)
     model = WORKLOADS[workload][0](batch=None)

@@ -2,7 +2,9 @@
 
 import pytest
 
-from graphflow.runtime.pipeline import check_linear, schedule
+import graphflow as gf
+from graphflow.partitioners import partition
+from graphflow.runtime.pipeline import ALL, check_linear, deferred_weight_nodes, schedule
 
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
@@ -10,6 +12,8 @@ from graphflow.runtime.pipeline import check_linear, schedule
 def test_every_stage_runs_each_microbatch_forward_then_backward(kind, stages, microbatches):
     for stage in range(stages):
         tasks = schedule(kind, stage, stages, microbatches)
+        assert tasks[-1] == ("W", ALL)  # weight gradients once, over all micro-batches
+        tasks = tasks[:-1]
         assert sorted(tasks) == sorted([(p, m) for p in "FB" for m in range(microbatches)])
         for m in range(microbatches):
             assert tasks.index(("F", m)) < tasks.index(("B", m))
@@ -22,6 +26,8 @@ def _alive(tasks):
     """Most micro-batches whose activations are held at once."""
     alive = peak = 0
     for phase, _ in tasks:
+        if phase == "W":
+            continue
         alive += 1 if phase == "F" else -1
         peak = max(peak, alive)
     return peak
@@ -35,7 +41,7 @@ def test_1f1b_holds_at_most_stages_microbatches_gpipe_all():
 
 
 def test_last_stage_of_1f1b_alternates():
-    assert schedule("1f1b", 2, 3, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2),
+    assert schedule("1f1b", 2, 3, 3)[:-1] == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2),
                                          ("B", 2)]
 
 
@@ -47,3 +53,49 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="worker 1 to worker 0"):
         check_linear([("h->w0", 1, 0)])
     check_linear([("h->w1", 0, 1), ("grad/h->w0", 1, 0)])
+
+
+def _deferred(model, parts=2):
+    plan = partition(model.graph, parts, "layerwise", loss=model.loss)
+    out = []
+    for w in plan.workers:
+        order = w.graph.toposort()
+        users = {n: [] for n in order}
+        for n in order:
+            for x in n.inputs:
+                users[x].append(n)
+        grads = {w.graph[g] for p, g in plan.grads.items() if g in w.graph}
+        out.append((order, deferred_weight_nodes(order, users, grads), grads))
+    return out
+
+
+def test_weight_gradients_are_deferred_but_nothing_a_send_or_input_gradient_needs():
+    for order, deferred, grads in _deferred(gf.models.speech_mlp(batch=None)):
+        assert grads and grads <= set(deferred)  # every weight and bias gradient
+        chosen = set(deferred)
+        for n in deferred:
+            assert n.name.startswith("grad/") and n.op not in ("send", "recv")
+        for n in order:  # nothing outside the W phase reads a deferred value
+            if n not in chosen:
+                assert not chosen & set(n.inputs), n.name
+
+
+def _deferred_in(g, grads):
+    order = g.toposort()
+    users = {n: [] for n in order}
+    for n in order:
+        for i in n.inputs:
+            users[i].append(n)
+    return [n.name for n in deferred_weight_nodes(order, users, set(grads))]
+
+
+@pytest.mark.parametrize("batch_free_term", [False, True])
+def test_a_batch_free_per_microbatch_input_keeps_a_gradient_per_microbatch(batch_free_term):
+    with gf.Graph() as g:
+        x = gf.placeholder("x", (None, 3))
+        dy = gf.placeholder("dy", (None, 2))
+        dw = gf.matmul(gf.transpose(x, (1, 0), name="grad/xt"), dy, name="grad/dw")
+        if batch_free_term:  # differs per micro-batch and cannot be joined: nothing deferred
+            dw = gf.add(dw, gf.reduce_sum(gf.square(x)), name="grad/w")
+    want = [] if batch_free_term else ["grad/xt", "grad/dw"]
+    assert _deferred_in(g, [dw]) == want

@@ -1,14 +1,20 @@
 """Micro-batch pipelining for layerwise plans (beyond DistBelief: it keeps every stage busy).
 
 A schedule is data: for one stage, the ordered list of (phase, micro-batch) tasks, with phase
-"F" (the forward nodes) or "B" (the backward nodes). The worker runs exactly this list.
+"F" (the forward nodes), "B" (the backward nodes) or "W" (the deferred weight-gradient nodes,
+run once at the end over all micro-batches: ALL). The worker runs exactly this list.
 
 >>> schedule("gpipe", stage=0, stages=2, microbatches=3)
-[('F', 0), ('F', 1), ('F', 2), ('B', 0), ('B', 1), ('B', 2)]
+[('F', 0), ('F', 1), ('F', 2), ('B', 0), ('B', 1), ('B', 2), ('W', -1)]
 >>> schedule("1f1b", stage=0, stages=2, microbatches=3)
-[('F', 0), ('F', 1), ('B', 0), ('F', 2), ('B', 1), ('B', 2)]
+[('F', 0), ('F', 1), ('B', 0), ('F', 2), ('B', 1), ('B', 2), ('W', -1)]
 >>> schedule("1f1b", stage=1, stages=2, microbatches=3)
-[('F', 0), ('B', 0), ('F', 1), ('B', 1), ('F', 2), ('B', 2)]
+[('F', 0), ('B', 0), ('F', 1), ('B', 1), ('F', 2), ('B', 2), ('W', -1)]
+
+Deferring weight gradients (as zero-bubble pipelines split backward into B and W) means one
+full-batch gemm per weight instead of a small one per micro-batch, and one gradient written
+instead of one per micro-batch summed: micro-batches re-read weights but no longer re-write
+them. The last stage runs its W while the first drains.
 """
 
 from __future__ import annotations
@@ -17,6 +23,13 @@ from graphflow.ir import Node
 
 SCHEDULES = ("gpipe", "1f1b")
 Task = tuple[str, int]
+ALL = -1  # the micro-batch of the "W" task: all of them at once
+
+# Ops whose result over a batch joined from micro-batches is the join (row-local ops) or the
+# sum (ops contracting the batch) of their per-micro-batch results: only these are deferred.
+BATCH_ADDITIVE = frozenset({
+    "matmul", "transpose", "reshape", "flatten", "sum_to", "reduce_sum", "add", "sub", "neg",
+    "relu_grad", "sigmoid_grad", "tanh_grad", "local2d_grad_weight", "conv2d_grad_weight"})
 
 
 def schedule(kind: str, stage: int, stages: int, microbatches: int) -> list[Task]:
@@ -30,12 +43,41 @@ def schedule(kind: str, stage: int, stages: int, microbatches: int) -> list[Task
     forward = [("F", m) for m in range(microbatches)]
     backward = [("B", m) for m in range(microbatches)]
     if kind == "gpipe":
-        return forward + backward
+        return forward + backward + [("W", ALL)]
     warmup = min(stages - stage - 1, microbatches)
     tasks = forward[:warmup]
     for m in range(warmup, microbatches):
         tasks += [forward[m], backward[m - warmup]]
-    return tasks + backward[microbatches - warmup:]
+    return tasks + backward[microbatches - warmup:] + [("W", ALL)]
+
+
+def batch_axis(node: Node) -> int | None:
+    """The axis of `node`'s value that holds the batch (its one symbolic dimension)."""
+    axes = [i for i, d in enumerate(node.shape or ()) if d is None]
+    return axes[0] if len(axes) == 1 else None
+
+
+def deferred_weight_nodes(order: list[Node], users: dict[Node, list[Node]],
+                          grad_nodes: set[Node]) -> list[Node]:
+    """The backward nodes that only feed parameter gradients and can run once over the joined
+    micro-batches: batch-additive ops whose outside inputs are parameters, constants or values
+    with one batch axis, ending in batch-free gradients. In `order`'s order."""
+    deferred = {n for n in order if n.op in BATCH_ADDITIVE and is_backward(n)}
+    deferred -= {n for n in grad_nodes if batch_axis(n) is not None}
+
+    def stays(n: Node) -> bool:
+        joinable = all(x in deferred or x.op in ("parameter", "constant")
+                       or batch_axis(x) is not None for x in n.inputs)
+        feeds_gradients = n in grad_nodes or bool(users[n]) and all(
+            u in deferred for u in users[n])
+        return joinable and feeds_gradients
+
+    while True:  # a node that must run per micro-batch takes down what it needs from it
+        leaving = {n for n in deferred if not stays(n)}
+        if not leaving:
+            break
+        deferred -= leaving
+    return [n for n in order if n in deferred]
 
 
 def is_backward(node: Node) -> bool:

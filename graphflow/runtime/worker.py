@@ -85,8 +85,14 @@ class Worker:
         self.grad_nodes = set(self.grads.values())
         self.stages = stages
         backward = {n for n in self.order if pipeline.is_backward(n)}
-        self.phases = {"FB": self.order, "B": [n for n in self.order if n in backward],
+        weights = pipeline.deferred_weight_nodes(self.order, self.users,
+                                                 {graph[g] for g in self.grads.values()})
+        self.phases = {"FB": self.order, "W": weights,
+                       "B": [n for n in self.order if n in backward and n not in weights],
                        "F": [n for n in self.order if n not in backward]}
+        # values of the F and B phases the deferred W phase reads, joined over micro-batches
+        self.w_inputs = list(dict.fromkeys(x for n in weights for x in n.inputs
+                                           if x not in set(weights)))
         self.bytes_sent = self.bytes_received = 0
         self.sent_keys: list[str] = []
         self._inbox: queue.Queue[tuple[dict[str, Any], np.ndarray]] = queue.Queue()
@@ -121,20 +127,24 @@ class Worker:
         runs: dict[int, _Run] = {}
         got: dict[str, list[np.ndarray]] = {name: [] for name in keep}
         sums: dict[str, np.ndarray] = {}  # gradients, summed in place over micro-batches
+        saved: list[list[np.ndarray]] = []  # per micro-batch: the W phase's inputs
         for phase, mb in tasks:
+            if phase == "W":
+                if self.phases["W"]:
+                    run = self._weight_run(saved)
+                    self._dataflow(self.phases["W"], run, {}, keep, step * microbatches,
+                                   check_numerics)
+                    self._collect(run, keep, got, sums, copy=False)
+                continue
             run = runs.setdefault(mb, _Run({}, {n: len(self.users[n]) for n in self.order}))
             self._dataflow(self.phases[phase], run, {k: v[mb] for k, v in parts.items()}, keep,
                            step * microbatches + mb, check_numerics)
             if phase != "F":  # the micro-batch is complete
-                for name in keep:
-                    value = run.values[self.graph[name]]
-                    if name not in self.grad_nodes:
-                        got[name].append(value)
-                    elif name in sums:
-                        np.add(sums[name], value, out=sums[name])
-                    else:  # copied when more will be added: received arrays are read-only
-                        sums[name] = np.array(value) if microbatches > 1 else value
+                self._collect(run, keep, got, sums, copy=microbatches > 1)
+                if phase == "B":
+                    saved.append([run.values[x] for x in self.w_inputs])
                 del runs[mb]
+        del saved, run  # received tensors: over inproc, a peer's send waits until they go
         self._flush_sends()
         out = {name: _combine(name, vs) for name, vs in got.items() if vs}
         for name, total in sums.items():  # the mean of the micro-batches' gradients
@@ -143,6 +153,31 @@ class Worker:
             for p, g in self.grads.items():
                 self.optimizer.update(p, self.params[p], out[g])
         return {name: out[name] for name in fetches}
+
+    def _weight_run(self, saved: list[list[np.ndarray]]) -> _Run:
+        """The W phase's run: its inputs joined over the micro-batches along the batch axis
+        (parameters and constants are the same in every micro-batch)."""
+        values = {}
+        for i, x in enumerate(self.w_inputs):
+            axis = pipeline.batch_axis(x)
+            parts = [vs[i] for vs in saved]
+            values[x] = parts[0] if axis is None else np.concatenate(parts, axis=axis)
+        return _Run(values, {n: len(self.users[n]) for n in self.order})
+
+    def _collect(self, run: _Run, keep: set[str], got: dict[str, list[np.ndarray]],
+                 sums: dict[str, np.ndarray], copy: bool) -> None:
+        """Take a finished run's kept values: gradients summed into `sums`, others listed."""
+        for name in keep:
+            node = self.graph[name]
+            if node not in run.values:
+                continue  # computed in another phase
+            value = run.values[node]
+            if name not in self.grad_nodes:
+                got[name].append(value)
+            elif name in sums:
+                np.add(sums[name], value, out=sums[name])
+            else:  # copied when more will be added: received arrays are read-only
+                sums[name] = np.array(value) if copy else value
 
     def _dataflow(self, nodes: list[Node], run: _Run, feeds: Mapping[str, np.ndarray],
                   keep: set[str], tag: int, check_numerics: bool) -> None:
