@@ -4,8 +4,12 @@
     graphflow train lc-large --steps 5     a few steps of a reference workload on synthetic data
     graphflow show speech-mlp              the graph, one node a line, and its parameter count
     graphflow ops                          the op table
+    graphflow train digits-lc --replicas 2 --sync downpour   data parallelism through a PS
     graphflow bench speedup                speedup against workers, measured and predicted
+    graphflow bench convergence            accuracy against time for Downpour, BSP, SSP, ...
+    graphflow bench ps                     parameter-server pushes per second
     graphflow worker --listen tcp://HOST:PORT   serve a worker for a driver elsewhere
+    graphflow ps --listen tcp://HOST:PORT ...   serve a parameter-server shard
 """
 
 from __future__ import annotations
@@ -55,6 +59,21 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--microbatches", type=int, default=1,
                    help="pipeline each batch in this many micro-batches (layerwise plans)")
     m.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"])
+    d = t.add_argument_group("data parallelism (parameter server)")
+    d.add_argument("--replicas", type=int, default=1,
+                   help="model replicas sharing a sharded parameter server (default 1: none)")
+    d.add_argument("--ps-shards", type=int, default=2, help="parameter-server shards (2)")
+    d.add_argument("--sync", default="downpour", choices=["downpour", "bsp", "ssp"],
+                   help="downpour (async), bsp (barrier each step) or ssp (bounded staleness)")
+    d.add_argument("--n-fetch", type=int, default=1, help="downpour: fetch every N steps")
+    d.add_argument("--n-push", type=int, default=1, help="downpour: push every N steps")
+    d.add_argument("--staleness", type=int, default=2, help="ssp: clocks ahead allowed (2)")
+    d.add_argument("--warm-start", type=int, default=0,
+                   help="steps replica 0 runs alone before the others join")
+    d.add_argument("--compress", default=None, metavar="CODEC",
+                   help="gradient compression on push: float16 or topk:FRACTION")
+    d.add_argument("--checkpoint-dir", default=None,
+                   help="shards checkpoint here (and run as processes that are restarted)")
 
     s = sub.add_parser("show", help="print a workload's graph, or its partition plan",
                        epilog="example: graphflow show lc-large --parts 2 --strategy spatial")
@@ -68,9 +87,11 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("ops", help="list the registered ops", epilog="example: graphflow ops")
 
-    b = sub.add_parser("bench", help="benchmarks: `graphflow bench speedup --help`",
+    b = sub.add_parser("bench", help="benchmarks: `graphflow bench SUITE --help`",
                        epilog="example: graphflow bench speedup --workers 1,2")
-    b.add_argument("suite", choices=["speedup"], help="speedup: DistBelief's Fig. 3 here")
+    b.add_argument("suite", choices=["speedup", "convergence", "ps"],
+                   help="speedup: DistBelief's Fig. 3 here; convergence: its Fig. 4; "
+                        "ps: parameter-server pushes per second")
     b.add_argument("args", nargs=argparse.REMAINDER, help="the suite's own options")
 
     w = sub.add_parser("worker", help="serve one worker for a driver on another machine",
@@ -79,6 +100,13 @@ def _parser() -> argparse.ArgumentParser:
                        epilog="example: graphflow worker --listen tcp://10.0.0.2:5555")
     w.add_argument("--listen", required=True,
                    help="control address: tcp://HOST:PORT (or ipc:///PATH)")
+
+    ps = sub.add_parser("ps", help="serve one parameter-server shard",
+                        description="Serve one parameter-server shard (normally the replica "
+                                    "manager starts these itself).",
+                        epilog="example: graphflow ps --listen tcp://10.0.0.5:6000 --index 0 "
+                               "--shards 2 --checkpoint-dir /var/tmp/ps0")
+    ps.add_argument("args", nargs=argparse.REMAINDER, help="see `graphflow ps -- --help`")
     return p
 
 
@@ -94,7 +122,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from graphflow.models import WORKLOADS
     from graphflow.optim import OPTIMIZERS
     from graphflow.runtime.cluster import read_cluster_file
-    from graphflow.train import PartitionedTrainer, Trainer
+    from graphflow.train import DataParallelTrainer, PartitionedTrainer, Trainer
 
     steps, batch, lr = DEFAULTS[args.workload]
     steps, batch, lr = args.steps or steps, args.batch or batch, args.lr or lr
@@ -108,9 +136,21 @@ def cmd_train(args: argparse.Namespace) -> int:
         data = datasets.synthetic(shape, classes, n=4 * batch, seed=args.seed)
         shift = 0
     optimizer = OPTIMIZERS[args.optimizer](lr)
-    if args.parts > 1 or args.cluster:
+    trainer: Trainer
+    if args.replicas > 1:
+        from graphflow.replicas.manager import ReplicaOptions
+        from graphflow.train import DataParallelTrainer
+
+        options = ReplicaOptions(
+            mode=args.sync, n_fetch=args.n_fetch, n_push=args.n_push, staleness=args.staleness,
+            warm_start=args.warm_start, compress=args.compress, placement=args.mode,
+            shard_placement="processes" if args.checkpoint_dir else "threads",
+            checkpoint_dir=args.checkpoint_dir)
+        trainer = DataParallelTrainer(model, optimizer, args.replicas, args.ps_shards,
+                                      args.parts, args.strategy, options)
+    elif args.parts > 1 or args.cluster:
         hosts = read_cluster_file(args.cluster) if args.cluster else None
-        trainer: Trainer = PartitionedTrainer(
+        trainer = PartitionedTrainer(
             model, optimizer, len(hosts) if hosts else args.parts, args.strategy, args.mode,
             hosts, args.microbatches, args.schedule)
     else:
@@ -124,7 +164,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         accuracy = (trainer.accuracy(data.x_test, data.y_test)
                     if args.workload == "digits-lc" else None)
     finally:
-        if isinstance(trainer, PartitionedTrainer):
+        if isinstance(trainer, (PartitionedTrainer, DataParallelTrainer)):
             trainer.close()
     result = {"workload": args.workload, "steps": steps, "batch": batch, "seconds": seconds,
               "final_loss": history.losses[-1] if history.losses else None}
@@ -184,9 +224,15 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from graphflow.bench.speedup import main as speedup
+    from importlib import import_module
 
-    return speedup(args.args)
+    return int(import_module(f"graphflow.bench.{args.suite}").main(args.args))
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    from graphflow.ps.__main__ import main as ps
+
+    return int(ps(args.args))
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -199,7 +245,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler = {"train": cmd_train, "show": cmd_show, "ops": cmd_ops, "bench": cmd_bench,
-               "worker": cmd_worker}[args.command]
+               "worker": cmd_worker, "ps": cmd_ps}[args.command]
     try:
         return handler(args)
     except (GraphflowError, ValueError, ImportError, OSError) as e:

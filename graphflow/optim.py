@@ -20,24 +20,26 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True)
+# error_model="numpy": no zero-division check in the loop, so it vectorises (Adagrad 5x)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _sgd(p: np.ndarray, g: np.ndarray, lr: float) -> None:
     for i in range(p.size):
         p[i] -= lr * g[i]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _momentum(p: np.ndarray, g: np.ndarray, v: np.ndarray, lr: float, mu: float) -> None:
     for i in range(p.size):
         v[i] = mu * v[i] + g[i]
         p[i] -= lr * v[i]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _adagrad(p: np.ndarray, g: np.ndarray, acc: np.ndarray, lr: float, eps: float) -> None:
     for i in range(p.size):
         acc[i] += g[i] * g[i]
-        p[i] -= lr * g[i] / (np.sqrt(acc[i]) + eps)
+        # the floor: with eps 0, an element that never had a gradient stays (0 / tiny = 0)
+        p[i] -= lr * g[i] / max(np.sqrt(acc[i]) + eps, 1e-30)
 
 
 class Optimizer(ABC):
@@ -105,6 +107,9 @@ class Adagrad(Optimizer):
 
     def __init__(self, lr: float, eps: float = 1e-8, initial_accumulator: float = 0.0) -> None:
         super().__init__(lr)
+        if eps < 0 or initial_accumulator < 0:
+            raise ValueError(f"Adagrad needs eps >= 0 and initial_accumulator >= 0, got {eps}, "
+                             f"{initial_accumulator}")
         self.eps = eps
         self.initial_accumulator = initial_accumulator
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +23,9 @@ from graphflow.optim import Optimizer
 from graphflow.partitioners import partition
 from graphflow.progress import Progress
 from graphflow.runtime.cluster import Cluster
+
+if TYPE_CHECKING:
+    from graphflow.replicas.manager import ReplicaOptions
 
 
 @dataclass
@@ -110,3 +114,46 @@ class PartitionedTrainer(Trainer):
 
     def close(self) -> None:
         self.cluster.close()
+
+
+class DataParallelTrainer(Trainer):
+    """Trains `replicas` copies of a Model (each split over `parts` workers by `strategy`)
+    that share parameters through `shards` parameter-server shards; `options` set the mode
+    (downpour, bsp, ssp), intervals, placement, checkpoints. See graphflow/replicas."""
+
+    def __init__(self, model: Model, optimizer: Optimizer, replicas: int = 2, shards: int = 1,
+                 parts: int = 1, strategy: str = "spatial",
+                 options: ReplicaOptions | None = None) -> None:
+        from graphflow.replicas.manager import ReplicaManager
+
+        self.model, self.optimizer = model, optimizer
+        self.session = Session(model.graph)
+        self.plan = partition(model.graph, parts, strategy, loss=model.loss)
+        self.manager = ReplicaManager(model, self.plan, optimizer, replicas, shards, options)
+        self.step_count = 0
+
+    def step(self, x: np.ndarray, y: np.ndarray) -> float:
+        raise NotImplementedError("replicas step on their own: call fit()")
+
+    def fit(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], steps: int,
+            progress: bool = True, log_every: int = 10) -> History:
+        """`steps` mini-batches in all, each taken by whichever replica is free."""
+        with Progress(steps, "train", enabled=progress) as bar:
+            def report(done: int, loss: float) -> None:
+                bar.update(done - bar.done, loss=loss)
+            record = self.manager.fit(batches, steps, progress=report)
+        self.step_count += steps
+        history = History()
+        merged = sorted(x for losses in record.losses.values() for x in losses)
+        for i, (_, _, loss) in enumerate(merged):
+            if (i + 1) % log_every == 0 or i == len(merged) - 1:
+                history.steps.append(i + 1)
+                history.losses.append(loss)
+        return history
+
+    def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
+        self.session.params.update(self.manager.params())
+        return super().predict(x, batch_size)
+
+    def close(self) -> None:
+        self.manager.close()

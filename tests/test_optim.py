@@ -58,3 +58,10 @@ def test_bad_input():
         SGD(0.0)
     with pytest.raises(ValueError, match="'w': gradient shape"):
         SGD(0.1).update("w", np.ones(3), np.ones(4))
+
+
+def test_adagrad_without_eps_leaves_never_updated_elements_alone():
+    p = np.ones(3, np.float32)
+    opt = Adagrad(0.5, eps=0.0)
+    opt.update("w", p, np.array([0.0, 2.0, 0.0], np.float32))
+    np.testing.assert_allclose(p, [1.0, 0.5, 1.0])

@@ -186,6 +186,14 @@ class Cluster:
     def _call_all(self, method: str, args: Mapping[str, Any]) -> list[Any]:
         return self._call_each(method, [args] * self.plan.parts)
 
+    def call_each(self, method: str, args: Sequence[Mapping[str, Any]]) -> list[Any]:
+        """Call a WorkerService method on every worker, worker i with args[i]."""
+        return self._call_each(method, args)
+
+    def call_all(self, method: str, args: Mapping[str, Any]) -> list[Any]:
+        """Call a WorkerService method with the same arguments on every worker."""
+        return self._call_all(method, args)
+
     # -- the public API -----------------------------------------------------------------------
     def run(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str] = (),
             train: bool = False, check_numerics: bool = False) -> dict[str, np.ndarray]:

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -59,6 +59,13 @@ def _combine(name: str, values: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(values)
 
 
+class Updater(Protocol):
+    """What a worker hands each parameter's gradient to: an Optimizer, or a link to the
+    parameter server (graphflow/replicas/link.py)."""
+
+    def update(self, name: str, param: np.ndarray, grad: np.ndarray) -> None: ...
+
+
 def worker_name(index: int) -> str:
     return f"worker:{index}"
 
@@ -67,7 +74,7 @@ class Worker:
     """Executes one worker's subgraph; owns its parameters and their optimizer state."""
 
     def __init__(self, index: int, graph: Graph, endpoint: Endpoint, grads: Mapping[str, str],
-                 optimizer: Optimizer | None = None, timeout: float = 30.0,
+                 optimizer: Updater | None = None, timeout: float = 30.0,
                  stages: int = 1) -> None:
         self.index, self.graph, self.endpoint = index, graph, endpoint
         self.timeout = timeout

@@ -1,0 +1,82 @@
+"""`python -m graphflow.ps`: one parameter-server shard in this process.
+
+    python -m graphflow.ps --listen ipc:///tmp/ps/ps0 --index 0 --shards 2 \\
+        --checkpoint-dir /tmp/ps/ckpt --checkpoint-every 200
+
+It restores its newest checkpoint from --checkpoint-dir, prints "... listening on ADDRESS" on
+stderr once bound, serves until a `shutdown` request, SIGTERM or SIGINT (or until the process
+--exit-with-parent names is gone), and logs to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from graphflow.errors import GraphflowError
+from graphflow.ps.server import serve_shard
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m graphflow.ps", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: python -m graphflow.ps --listen tcp://127.0.0.1:5700 --index 0 "
+               "--shards 1 --checkpoint-dir ckpt --checkpoint-seconds 30")
+    p.add_argument("--listen", required=True, help="address to bind (ipc://, tcp://, ...)")
+    p.add_argument("--index", type=int, default=0, help="this shard's index (0)")
+    p.add_argument("--shards", type=int, default=1, help="how many shards there are (1)")
+    p.add_argument("--checkpoint-dir", type=Path, default=None,
+                   help="where checkpoints are written and restored from (none: no checkpoints)")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="write a checkpoint every N applied updates (0: not by count)")
+    p.add_argument("--checkpoint-seconds", type=float, default=0.0,
+                   help="write a checkpoint every T seconds when something changed (0: never)")
+    p.add_argument("--exit-with-parent", type=int, default=None, metavar="PID",
+                   help="exit when process PID is gone (set by start_shard_process)")
+    return p
+
+
+def _watch_parent(pid: int, stop: threading.Event) -> None:
+    while not stop.wait(0.5):
+        if os.getppid() != pid:
+            logging.getLogger("graphflow.ps").warning("parent %d is gone: exiting", pid)
+            stop.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve one shard; 0 after a clean stop, 1 when it could not start, 2 on bad arguments."""
+    p = parser()
+    args = p.parse_args(argv)
+    if not 0 <= args.index < args.shards:
+        p.error(f"--index {args.index} is not in [0, --shards {args.shards})")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s ps:{args.index} %(levelname)s %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if args.exit_with_parent is not None:
+        threading.Thread(target=_watch_parent, args=(args.exit_with_parent, stop),
+                         daemon=True).start()
+
+    def ready(address: str) -> None:
+        print(f"graphflow.ps: shard {args.index} of {args.shards} listening on {address}",
+              file=sys.stderr, flush=True)
+
+    try:
+        serve_shard(args.listen, args.index, args.shards, checkpoint_dir=args.checkpoint_dir,
+                    checkpoint_every=args.checkpoint_every,
+                    checkpoint_seconds=args.checkpoint_seconds, stop=stop, ready=ready)
+    except GraphflowError as e:
+        print(f"graphflow.ps: shard {args.index}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Atomic shard checkpoints: the newest complete one wins, the newest `keep` are kept.
+
+A checkpoint is one uncompressed .npz file, `shard{index}-{seq:010d}.npz`: member "meta" is a
+msgpack document (nested dicts / lists / scalars) in which every array is a reference to the
+member "a{i}". It is written to a temporary file in the same directory, flushed and fsynced,
+renamed over its final name (atomic) and the directory is fsynced, so a crash leaves either the
+previous checkpoint or the new one, never half of one. Loading trusts nothing: no pickles
+(`allow_pickle=False`), msgpack with limits, every array reference checked.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> path = save(d, 0, {"versions": {"w[0:3]": 4}, "params": {"w[0:3]": np.ones(3)}})
+    >>> loaded = load_newest(d, 0)
+    >>> loaded[1]["versions"], loaded[1]["params"]["w[0:3]"].tolist()
+    ({'w[0:3]': 4}, [1.0, 1.0, 1.0])
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+
+log = logging.getLogger("graphflow.ps")
+
+_REF = 7  # msgpack extension code of an array reference
+_META_MAX = 64 * 1024 * 1024
+_NAME = re.compile(r"shard(\d+)-(\d{10})\.npz")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is unreadable or malformed (names the file)."""
+
+
+def checkpoints(directory: str | os.PathLike[str], index: int) -> list[Path]:
+    """Shard `index`'s complete checkpoints in `directory`, oldest first."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    found = []
+    for p in d.iterdir():
+        m = _NAME.fullmatch(p.name)
+        if m and int(m.group(1)) == index:
+            found.append((_seq(p), p))
+    return [p for _, p in sorted(found)]
+
+
+def save(directory: str | os.PathLike[str], index: int, state: Any, keep: int = 2) -> Path:
+    """Write `state` (msgpack-able data with ndarrays anywhere) as shard `index`'s newest
+    checkpoint; delete all but the newest `keep`. Returns the new file's path."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    existing = checkpoints(d, index)
+    seq = _seq(existing[-1]) + 1 if existing else 1
+    arrays: dict[str, np.ndarray] = {}
+
+    def ref(o: Any) -> Any:
+        if isinstance(o, np.ndarray):
+            arrays[f"a{len(arrays)}"] = np.ascontiguousarray(o)
+            return msgpack.ExtType(_REF, msgpack.packb(len(arrays) - 1))
+        if isinstance(o, np.generic):
+            return o.item()
+        raise TypeError(f"checkpoint: cannot store a {type(o).__name__}")
+
+    meta = np.frombuffer(msgpack.packb(state, default=ref), np.uint8)
+    final = d / f"shard{index}-{seq:010d}.npz"
+    fd, tmp = tempfile.mkstemp(prefix=f".shard{index}-", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, meta=meta, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(d)
+    for old in checkpoints(d, index)[:-keep] if keep > 0 else []:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def load(path: str | os.PathLike[str]) -> Any:
+    """The state stored in checkpoint `path`; CheckpointError if it is unreadable."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            members = {name: z[name] for name in z.files}
+    except Exception as e:  # noqa: BLE001 - any failure to read means "not usable"
+        raise CheckpointError(f"checkpoint {path}: unreadable ({type(e).__name__}: {e})") from e
+    meta = members.pop("meta", None)
+    if meta is None or meta.dtype != np.uint8 or meta.ndim != 1 or meta.size > _META_MAX:
+        raise CheckpointError(f"checkpoint {path}: no valid 'meta' member")
+
+    def ext_hook(code: int, data: bytes) -> Any:
+        index = msgpack.unpackb(data) if code == _REF and len(data) <= 16 else None
+        array = members.get(f"a{index}") if type(index) is int else None
+        if array is None:
+            raise CheckpointError(f"checkpoint {path}: bad array reference ({code}, {data!r})")
+        return array
+
+    try:
+        return msgpack.unpackb(meta.tobytes(), raw=False, strict_map_key=True,
+                               ext_hook=ext_hook, max_bin_len=0, max_ext_len=64)
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - malformed msgpack
+        raise CheckpointError(f"checkpoint {path}: bad meta ({type(e).__name__}: {e})") from e
+
+
+def load_newest(directory: str | os.PathLike[str], index: int,
+                parse: Callable[[Any], Any] | None = None) -> tuple[Path, Any] | None:
+    """(path, state) of shard `index`'s newest usable checkpoint, or None. `parse(state)`, if
+    given, turns the raw state into what is returned and raises ValueError / KeyError /
+    TypeError to reject it. Unusable checkpoints are skipped (logged); leftover temporary
+    files of an interrupted save are removed."""
+    d = Path(directory)
+    if d.is_dir():
+        for tmp in d.glob(f".shard{index}-*.tmp"):
+            log.warning("shard %d: removing %s, left by an interrupted checkpoint", index, tmp)
+            tmp.unlink(missing_ok=True)
+    for path in reversed(checkpoints(d, index)):
+        try:
+            state = load(path)
+            return path, parse(state) if parse is not None else state
+        except CheckpointError as e:
+            log.error("shard %d: %s; trying an older checkpoint", index, e)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            log.error("shard %d: checkpoint %s is malformed (%s: %s); trying an older one",
+                      index, path, type(e).__name__, e)
+    return None
+
+
+def _seq(path: Path) -> int:
+    return int(path.name.rsplit("-", 1)[1].split(".")[0])
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

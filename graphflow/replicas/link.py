@@ -1,0 +1,236 @@
+"""A worker's link to the parameter server: it stands in for the optimizer.
+
+With a link, a worker does not update its parameters itself: each step's gradients are summed
+here, pushed to the shards that hold the worker's own parameters, and fresh parameters are
+fetched back. How and when depends on the consistency mode:
+
+- `downpour` (async): push the summed gradients every `n_push` steps and fetch every
+  `n_fetch` steps, each on its own thread, so compute never waits for the network; fetched
+  values are installed between steps.
+- `bsp`: push every step, then wait until the shards have applied the step's averaged update
+  (every live replica pushed) and fetch it.
+- `ssp`: push and fetch every step; before a step, wait while this replica is more than
+  `staleness` clocks ahead of the slowest live one.
+
+`AllReduceLink` is the synchronous alternative without a PS: replicas average gradients
+directly with a ring or tree allreduce.
+
+    link = PSLink(worker.params, client_factory, replica=0, mode="downpour")
+    link.before_step(step); worker.run_step(...); link.after_step(step)
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from graphflow.errors import GraphflowError
+from graphflow.ps.client import PSClient
+from graphflow.replicas.allreduce import AllReduce
+from graphflow.runtime.worker import Updater
+
+log = logging.getLogger("graphflow.replicas")
+
+MODES = ("downpour", "bsp", "ssp")
+
+
+class LinkError(GraphflowError):
+    """The parameter server could not be reached, or dropped this replica."""
+
+
+def _codec(spec: str | None) -> Any:
+    if spec in (None, "", "none"):
+        return None
+    from graphflow.replicas.compress import make_codec
+
+    return make_codec(spec)
+
+
+class PSLink:
+    """Sums gradients like an optimizer would apply them (`update`), talks to the PS between
+    steps. `client_factory()` makes a PSClient for the worker's own parameters (one per thread).
+    """
+
+    def __init__(self, params: dict[str, np.ndarray], client_factory: Callable[[], PSClient],
+                 replica: int, mode: str = "downpour", n_fetch: int = 1, n_push: int = 1,
+                 staleness: int = 2, compress: str | None = None, timeout: float = 30.0) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown consistency mode '{mode}'; known: {', '.join(MODES)}")
+        if n_fetch < 1 or n_push < 1 or staleness < 0:
+            raise ValueError(f"n_fetch and n_push must be >= 1 and staleness >= 0, got "
+                             f"{n_fetch}, {n_push}, {staleness}")
+        self.params, self.replica, self.mode = params, replica, mode
+        self.n_fetch, self.n_push, self.staleness = n_fetch, n_push, staleness
+        self.timeout = timeout
+        self.codec = _codec(compress)
+        self.client = client_factory()
+        self.sums: dict[str, np.ndarray] = {}
+        self.steps_summed = 0
+        self.pushes = self.fetches = 0
+        self.waited = 0.0  # seconds spent waiting on the PS (ssp gate, bsp barrier)
+        self._error: BaseException | None = None
+        self._fresh: dict[str, np.ndarray] | None = None
+        self._lock = threading.Lock()
+        self._pushq: queue.Queue[tuple[int, dict[str, np.ndarray]] | None] = queue.Queue(2)
+        self._fetchq: queue.Queue[int | None] = queue.Queue(1)
+        self._threads: list[threading.Thread] = []
+        self.install(self.client.fetch())
+        # bsp: every slice's version goes up by one per step, from here
+        self.version0 = min(self.client.versions.values(), default=0)
+        self.last_step = -1
+        if mode == "downpour":
+            self._threads = [
+                threading.Thread(target=self._push_loop, args=(client_factory(),),
+                                 daemon=True, name=f"replica{replica}-push"),
+                threading.Thread(target=self._fetch_loop, args=(client_factory(),),
+                                 daemon=True, name=f"replica{replica}-fetch")]
+            for t in self._threads:
+                t.start()
+
+    # -- the optimizer's place in Worker.run_step ------------------------------------------------
+    def update(self, name: str, param: np.ndarray, grad: np.ndarray) -> None:
+        """Sum `grad` for the next push (the PS applies it, not this worker)."""
+        total = self.sums.get(name)
+        if total is None:
+            self.sums[name] = np.array(grad, dtype=param.dtype)
+        else:
+            np.add(total, grad, out=total)
+
+    def spec(self) -> dict[str, Any]:
+        return {"name": "ps-link", "mode": self.mode}
+
+    # -- between steps ---------------------------------------------------------------------------
+    def before_step(self, step: int) -> None:
+        """Install fetched parameters (downpour); wait at the SSP gate."""
+        self._check()
+        with self._lock:
+            fresh, self._fresh = self._fresh, None
+        if fresh is not None:
+            self.install(fresh)
+        if self.mode == "ssp":
+            self._wait_for(lambda: self.client.clock_ok(self.replica, step, self.staleness),
+                           f"the slowest replica to come within {self.staleness} clocks of "
+                           f"replica {self.replica} (clock {step})")
+
+    def after_step(self, step: int) -> None:
+        """Push (and fetch) as the mode says, after the worker's step `step` ran."""
+        self._check()
+        self.steps_summed += 1
+        self.last_step = step
+        if self.mode == "downpour":
+            if self.steps_summed >= self.n_push and not self._pushq.full():
+                # (while the last push is still on its way, gradients go on summing here)
+                self._pushq.put_nowait((step, self._take_sums()))
+            if (step + 1) % self.n_fetch == 0:
+                try:
+                    self._fetchq.put_nowait(step)
+                except queue.Full:
+                    pass  # a fetch is already on its way
+            return
+        self._push(self.client, step, self._take_sums())
+        if self.mode == "bsp":
+            start = time.monotonic()
+            self.install(self.client.fetch(min_version=self.version0 + step + 1,
+                                           wait=self.timeout))
+            self.waited += time.monotonic() - start
+        else:
+            self.install(self.client.fetch())
+
+    def install(self, values: Mapping[str, np.ndarray]) -> None:
+        for name, value in values.items():
+            if name in self.params:
+                self.params[name][...] = value
+        self.fetches += 1
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _take_sums(self) -> dict[str, np.ndarray]:
+        sums, self.sums, self.steps_summed = self.sums, {}, 0
+        return sums
+
+    def _push(self, client: PSClient, step: int, sums: dict[str, np.ndarray]) -> None:
+        if not sums:
+            return
+        mode = "bsp" if self.mode == "bsp" else "async"
+        client.push(self.replica, step, sums, mode=mode, codec=self.codec)
+        self.pushes += 1
+
+    def _wait_for(self, ready: Callable[[], bool], what: str) -> None:
+        start = time.monotonic()
+        pause = 0.001
+        while not ready():
+            if time.monotonic() - start > self.timeout:
+                raise LinkError(f"replica {self.replica}: waited {self.timeout:g}s for {what}")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.02)
+        self.waited += time.monotonic() - start
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise LinkError(f"replica {self.replica}: parameter server: {self._error}")
+
+    def _push_loop(self, client: PSClient) -> None:
+        while True:
+            item = self._pushq.get()
+            if item is None:
+                return
+            try:
+                self._push(client, *item)
+            except Exception as e:  # noqa: BLE001 - reported at the next step
+                log.error("replica %d: push of step %d failed: %s", self.replica, item[0], e)
+                self._error = e
+                return
+
+    def _fetch_loop(self, client: PSClient) -> None:
+        while True:
+            step = self._fetchq.get()
+            if step is None:
+                return
+            try:
+                fresh = client.fetch()
+            except Exception as e:  # noqa: BLE001 - reported at the next step
+                log.error("replica %d: fetch after step %d failed: %s", self.replica, step, e)
+                self._error = e
+                return
+            with self._lock:
+                self._fresh = fresh
+
+    def close(self) -> None:
+        """Push what is left (downpour) and stop the threads."""
+        if self.mode == "downpour" and self.sums and self._error is None:
+            self._pushq.put((self.last_step + 1, self._take_sums()), timeout=self.timeout)
+        for q in (self._pushq, self._fetchq):
+            q.put(None, timeout=self.timeout)
+        for t in self._threads:
+            t.join(timeout=self.timeout)
+
+
+class AllReduceLink:
+    """Synchronous data parallelism without a parameter server (FireCaffe): after each step
+    the replicas' copies of this worker average their gradients with an allreduce (ring or
+    tree) and each applies the same update with its own optimizer, so they stay equal."""
+
+    def __init__(self, params: dict[str, np.ndarray], allreduce: AllReduce,
+                 optimizer: Updater) -> None:
+        self.params, self.allreduce, self.optimizer = params, allreduce, optimizer
+        self.sums: dict[str, np.ndarray] = {}
+
+    def update(self, name: str, param: np.ndarray, grad: np.ndarray) -> None:
+        self.sums[name] = grad
+
+    def before_step(self, step: int) -> None:
+        pass
+
+    def after_step(self, step: int) -> None:
+        mean = self.allreduce.allreduce(self.sums, step, average=True)
+        for name, grad in mean.items():
+            self.optimizer.update(name, self.params[name], grad)
+        self.sums = {}
+
+    def close(self) -> None:
+        self.allreduce.close()

@@ -1,0 +1,298 @@
+"""The replica manager: R copies of a partitioned model, each on its own shard of the data,
+sharing parameters through S parameter-server shards (DistBelief's data parallelism).
+
+Each replica is a Cluster of the plan's workers (threads or local processes); every worker
+links to the shards that hold its own parameters (graphflow/replicas/link.py) and pushes its
+gradients there; the shards apply them with the optimizer. A replica that fails is dropped and
+the others go on; a shard process that dies is restarted from its checkpoint.
+
+>>> import graphflow as gf                                            # doctest: +SKIP
+>>> model = gf.models.digits_lc(batch=None)                           # doctest: +SKIP
+>>> plan = gf.partition(model.graph, 1, "spatial", loss=model.loss)   # doctest: +SKIP
+>>> with ReplicaManager(model, plan, gf.optim.Adagrad(0.05), replicas=2) as rm:  # doctest: +SKIP
+...     data = gf.datasets.digits()
+...     rm.fit(gf.datasets.batches(data.x_train, data.y_train, 32), steps=300)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphflow.errors import GraphflowError
+from graphflow.executor import Session
+from graphflow.models import Model
+from graphflow.optim import Optimizer
+from graphflow.partitioners.plan import Plan
+from graphflow.ps.client import PSClient
+from graphflow.ps.layout import Layout
+from graphflow.replicas.link import MODES as PS_MODES
+from graphflow.replicas.shards import ShardGroup
+from graphflow.runtime.cluster import Cluster
+
+log = logging.getLogger("graphflow.replicas")
+
+MODES = (*PS_MODES, "allreduce")
+
+
+@dataclass
+class ReplicaOptions:
+    """How replicas share parameters. `mode`: downpour, bsp or ssp through the parameter
+    server, or allreduce (synchronous, no PS: `algorithm` ring or tree); `n_fetch` / `n_push`:
+    downpour's fetch and push intervals in steps; `staleness`: ssp's s; `warm_start`: steps
+    replica 0 runs alone first; `compress`: None, "float16" or "topk:FRACTION"; `slow`:
+    replica -> seconds added to each of its steps (for experiments and tests)."""
+
+    mode: str = "downpour"
+    algorithm: str = "ring"
+    n_fetch: int = 1
+    n_push: int = 1
+    staleness: int = 2
+    warm_start: int = 0
+    compress: str | None = None
+    placement: str = "threads"
+    shard_placement: str = "threads"
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 200
+    bsp_deadline: float = 10.0  # < timeout / 2: the barrier drops a replica before others give up
+    timeout: float = 30.0
+    ps_timeout: float = 2.0
+    slow: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode '{self.mode}'; known: {', '.join(MODES)}")
+        if self.algorithm not in ("ring", "tree"):
+            raise ValueError(f"unknown allreduce algorithm '{self.algorithm}': ring or tree")
+
+
+@dataclass
+class Record:
+    """What a run did: per replica losses, evaluations over time, failures."""
+
+    losses: dict[int, list[tuple[float, int, float]]] = field(default_factory=dict)  # t,step,loss
+    evals: list[tuple[float, int, float]] = field(default_factory=list)  # time, steps, acc
+    failures: list[str] = field(default_factory=list)
+    steps_done: dict[int, int] = field(default_factory=dict)
+
+
+class _Feed:
+    """The shared stream of batches, handed out one at a time up to `steps`. A batch whose
+    replica failed on it is given back; a replica asking while others still hold batches
+    waits, since one of those may come back."""
+
+    def __init__(self, it: Iterator[tuple[np.ndarray, np.ndarray]], steps: int) -> None:
+        self._it, self.steps = it, steps
+        self.taken = self.done = 0
+        self._returned: list[tuple[np.ndarray, np.ndarray]] = []
+        self._changed = threading.Condition()
+
+    def next(self) -> tuple[np.ndarray, np.ndarray] | None:
+        with self._changed:
+            while self.taken >= self.steps and self.done < self.steps:
+                self._changed.wait()
+            if self.taken >= self.steps:
+                return None
+            self.taken += 1
+            return self._returned.pop() if self._returned else next(self._it)
+
+    def finished(self) -> None:
+        with self._changed:
+            self.done += 1
+            self._changed.notify_all()
+
+    def give_back(self, batch: tuple[np.ndarray, np.ndarray]) -> None:
+        with self._changed:
+            self.taken -= 1
+            self._returned.append(batch)
+            self._changed.notify_all()
+
+
+class ReplicaManager:
+    """Runs `replicas` copies of `plan` against `shards` parameter-server shards."""
+
+    def __init__(self, model: Model, plan: Plan, optimizer: Optimizer, replicas: int = 2,
+                 shards: int = 2, options: ReplicaOptions | None = None) -> None:
+        if replicas < 1 or shards < 1:
+            raise ValueError(f"need at least one replica and one shard, got {replicas}, {shards}")
+        self.model, self.plan, self.optimizer = model, plan, optimizer
+        self.replicas, self.options = replicas, options or ReplicaOptions()
+        self.record = Record()
+        self.clusters: list[Cluster | None] = []
+        # (allreduce needs no shards: the group only lends its directory for addresses)
+        self.shards = ShardGroup(0 if self.options.mode == "allreduce" else shards,
+                                 self.options.shard_placement,
+                                 self.options.checkpoint_dir, self.options.checkpoint_every,
+                                 self.options.timeout)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # one thread at a time on self.client
+        self._session: Session | None = None
+        self._t0 = time.perf_counter()
+        self._last_loss = float("nan")
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> None:
+        o = self.options
+        self.clusters = [Cluster(self.plan, o.placement, timeout=o.timeout)
+                         for _ in range(self.replicas)]
+        if o.mode == "allreduce":
+            self._attach_allreduce()
+            return
+        initial = self.clusters[0].params()
+        shapes = {name: value.shape for name, value in initial.items()}
+        self.layout = Layout.build(shapes, len(self.shards.addresses))
+        self.client = self._client()
+        self.client.init(initial, self.optimizer.spec(), list(range(self.replicas)),
+                         staleness=o.staleness, bsp_deadline=o.bsp_deadline)
+        for r, cluster in enumerate(self.clusters):
+            assert cluster is not None
+            cluster.call_all("ps_attach", {
+                "shards": self.shards.addresses, "layout": self.layout.to_dict(),
+                "replica": r, "mode": o.mode, "n_fetch": o.n_fetch, "n_push": o.n_push,
+                "staleness": o.staleness, "compress": o.compress, "timeout": o.ps_timeout,
+                "retry_for": o.timeout / 2})
+
+    def _attach_allreduce(self) -> None:
+        """Worker i of every replica forms allreduce group i; replica r is rank r."""
+        o, parts = self.options, self.plan.parts
+        binds = [[self.shards.address_for(f"ar{r}-{i}") if o.placement == "processes" else
+                  f"inproc://graphflow-ar-{id(self)}-{r}-{i}" for i in range(parts)]
+                 for r in range(self.replicas)]
+        addresses = [c.call_each("ar_bind", [{"rank": r, "bind": b, "timeout": o.timeout}
+                                             for b in binds[r]])
+                     for r, c in enumerate(self.clusters) if c is not None]
+        for r, cluster in enumerate(self.clusters):
+            assert cluster is not None
+            cluster.call_each("ar_attach", [
+                {"rank": r, "size": self.replicas, "algorithm": o.algorithm,
+                 "peers": {str(q): addresses[q][i] for q in range(self.replicas)},
+                 "optimizer": self.optimizer.spec(), "timeout": o.timeout}
+                for i in range(parts)])
+
+    def _client(self, names: Any = None) -> PSClient:
+        return PSClient(self.shards.addresses, self.layout, timeout=self.options.ps_timeout,
+                        retry_for=self.options.timeout, names=names)
+
+    # -- training -----------------------------------------------------------------------------
+    def fit(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], steps: int,
+            evaluate: tuple[np.ndarray, np.ndarray] | None = None,
+            eval_every: float = 1.0, progress: Callable[[int, float], None] | None = None
+            ) -> Record:
+        """Train until the replicas together have run `steps` steps: each replica takes the
+        next batch of `batches` when it is ready for one (so the data is sharded by who is
+        free: a faster replica sees more of it). With `evaluate` = (x_test, y_test) the PS's
+        parameters are scored every `eval_every` s meanwhile and at the end."""
+        feed = _Feed(iter(batches), steps)
+        warm = threading.Event()
+        if self.options.warm_start == 0:
+            warm.set()
+        threads = [threading.Thread(target=self._replica_loop, args=(r, feed, warm),
+                                    daemon=True, name=f"replica{r}")
+                   for r in range(self.replicas)]
+        self._t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        next_eval = 0.0
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(timeout=0.05)
+            if evaluate is not None and time.perf_counter() - self._t0 >= next_eval:
+                self.evaluate(*evaluate)
+                next_eval = time.perf_counter() - self._t0 + eval_every
+            if progress is not None:
+                progress(feed.taken, self._last_loss)
+        if evaluate is not None:
+            self.evaluate(*evaluate)
+        if feed.done < steps:
+            raise GraphflowError(f"every replica failed after {feed.done} of {steps} steps: "
+                                 + "; ".join(self.record.failures))
+        return self.record
+
+    def _replica_loop(self, r: int, feed: _Feed, warm: threading.Event) -> None:
+        cluster = self.clusters[r]
+        assert cluster is not None
+        losses = self.record.losses.setdefault(r, [])
+        x_name, y_name = self.model.x.name, self.model.y.name
+        if r > 0:
+            warm.wait()
+        step, batch = 0, None
+        try:
+            while not self._stop.is_set():
+                if r > 0 or step >= self.options.warm_start:
+                    warm.set()
+                batch = feed.next()
+                if batch is None:
+                    return
+                if r in self.options.slow:
+                    time.sleep(self.options.slow[r])
+                out = cluster.step({x_name: batch[0], y_name: batch[1]})
+                self._last_loss = float(out[self.model.loss.name])
+                losses.append((time.perf_counter() - self._t0, step, self._last_loss))
+                step += 1
+                self.record.steps_done[r] = step
+                batch = None
+                feed.finished()
+        except GraphflowError as e:
+            if batch is not None:
+                feed.give_back(batch)
+            self._replica_failed(r, step, e)
+        finally:
+            warm.set()  # never leave the others waiting for a replica that stopped
+
+    def _replica_failed(self, r: int, step: int, error: BaseException) -> None:
+        what = f"replica {r} failed at step {step}: {error}; dropped, the others go on"
+        log.error(what)
+        self.record.failures.append(what)
+        if self.options.mode == "allreduce":
+            return  # the others' next allreduce names the missing rank and fails too
+        try:
+            with self._lock:
+                self.client.drop(r, f"failed at step {step}")
+        except GraphflowError as e:
+            log.error("could not tell the shards to drop replica %d: %s", r, e)
+
+    # -- results ------------------------------------------------------------------------------
+    def params(self) -> dict[str, np.ndarray]:
+        """The current parameters (the PS's; with allreduce, the first live replica's), by
+        the model's parameter names."""
+        if self.options.mode == "allreduce":
+            failed = {int(f.split()[1]) for f in self.record.failures}
+            live = next(c for r, c in enumerate(self.clusters) if r not in failed)
+            assert live is not None
+            return self.plan.assemble(live.params())
+        with self._lock:
+            return self.plan.assemble(self.client.fetch())
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> float:
+        """Accuracy of the PS's current parameters on (x, y), recorded with the time."""
+        if self._session is None:
+            self._session = Session(self.model.graph)
+        self._session.params.update(self.params())
+        logits = self._session.run(self.model.logits, {self.model.x: x})
+        acc = float(np.mean(np.argmax(logits, axis=1) == y))
+        self.record.evals.append((time.perf_counter() - self._t0,
+                                  sum(self.record.steps_done.values()), acc))
+        return acc
+
+    def close(self) -> None:
+        self._stop.set()
+        for cluster in self.clusters:
+            if cluster is not None:
+                cluster.close()
+        self.shards.close()
+
+    def __enter__(self) -> ReplicaManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

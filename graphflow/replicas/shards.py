@@ -1,0 +1,113 @@
+"""The parameter-server shards of a run: started as threads or processes, and watched.
+
+A shard process that dies is started again on the same address with the same checkpoint
+directory, so it resumes from its newest checkpoint; the replicas' clients retry their calls
+meanwhile (pushes are de-duplicated, so a retried push is applied once).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+from graphflow.errors import GraphflowError
+from graphflow.ps.server import ShardProcess, ShardThread, start_shard_process
+
+log = logging.getLogger("graphflow.replicas")
+
+WATCH = 0.1  # seconds between looks at the shard processes
+
+
+class ShardGroup:
+    """`count` shards on ipc addresses under a temporary directory. With `placement=
+    "processes"` each shard is its own process, restarted from `checkpoint_dir` if it dies.
+
+        with ShardGroup(2, "processes", checkpoint_dir="ckpt") as shards:
+            client = PSClient(shards.addresses, layout)
+    """
+
+    def __init__(self, count: int, placement: str = "threads",
+                 checkpoint_dir: str | None = None, checkpoint_every: int = 200,
+                 timeout: float = 30.0) -> None:
+        if placement not in ("threads", "processes"):
+            raise ValueError(f"unknown shard placement '{placement}': threads or processes")
+        self.placement, self.timeout = placement, timeout
+        self._tmp = tempfile.mkdtemp(prefix="graphflow-ps-")
+        self.checkpoint_dir = checkpoint_dir or (
+            str(Path(self._tmp) / "checkpoints") if placement == "processes" else None)
+        self.checkpoint_every = checkpoint_every
+        self.addresses = [f"ipc://{self._tmp}/ps{i}" for i in range(count)]
+        self.restarts: list[str] = []  # what the watcher did, for logs and tests
+        self._threads: list[ShardThread] = []
+        self._procs: list[ShardProcess] = []
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._watcher: threading.Thread | None = None
+        try:
+            for i, address in enumerate(self.addresses):
+                if placement == "threads":
+                    self._threads.append(ShardThread(
+                        address, i, count, checkpoint_dir=self.checkpoint_dir,
+                        checkpoint_every=checkpoint_every, timeout=timeout))
+                else:
+                    self._procs.append(self._start(i))
+        except BaseException:
+            self.close()
+            raise
+        if self._procs:
+            self._watcher = threading.Thread(target=self._watch, daemon=True, name="ps-watch")
+            self._watcher.start()
+
+    def _start(self, i: int) -> ShardProcess:
+        return start_shard_process(self.addresses[i], i, len(self.addresses),
+                                   checkpoint_dir=self.checkpoint_dir,
+                                   checkpoint_every=self.checkpoint_every,
+                                   timeout=self.timeout)
+
+    def address_for(self, name: str) -> str:
+        """An ipc address in this group's private directory (for other endpoints of a run)."""
+        return f"ipc://{self._tmp}/{name}"
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the shard processes (empty for threads)."""
+        with self._lock:
+            return [p.pid for p in self._procs]
+
+    def _watch(self) -> None:
+        while not self._closing.wait(WATCH):
+            for i, proc in enumerate(list(self._procs)):
+                if proc.alive() or self._closing.is_set():
+                    continue
+                what = (f"shard {i} (pid {proc.pid}) died with exit code {proc.proc.returncode}; "
+                        f"restarting it from its checkpoint in {self.checkpoint_dir}")
+                log.error(what)
+                try:
+                    fresh = self._start(i)
+                except GraphflowError as e:
+                    log.error("shard %d could not be restarted: %s", i, e)
+                    self.restarts.append(f"{what}: failed: {e}")
+                    continue
+                with self._lock:
+                    self._procs[i] = fresh
+                self.restarts.append(f"{what}: restarted as pid {fresh.pid}")
+                log.warning("shard %d restarted as pid %d", i, fresh.pid)
+
+    def close(self) -> None:
+        self._closing.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5.0)
+        for t in self._threads:
+            t.stop()
+        for p in self._procs:
+            p.stop()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> ShardGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,85 @@
+"""Failures with real processes: a replica's worker and a parameter-server shard SIGKILLed
+mid-run. Training goes on; the shard comes back from its checkpoint."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import graphflow as gf
+from graphflow.optim import Adagrad
+from graphflow.partitioners import partition
+from graphflow.ps import checkpoint as ckpt
+from graphflow.replicas.manager import ReplicaManager, ReplicaOptions
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return gf.datasets.digits()
+
+
+def _kill_when(condition, pid_of, deadline=60.0, then=lambda: None):
+    """A thread that SIGKILLs pid_of() once condition() holds (bounded by `deadline`), then
+    calls then()."""
+    killed: list[int] = []
+
+    def run():
+        end = time.monotonic() + deadline
+        while time.monotonic() < end and not condition():
+            time.sleep(0.02)
+        if condition():
+            pid = pid_of()
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+            then()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, killed
+
+
+def test_a_killed_downpour_replica_does_not_stop_the_others(digits):
+    model = gf.models.digits_lc(batch=None)
+    plan = partition(model.graph, 1, "spatial", loss=model.loss)
+    options = ReplicaOptions(mode="downpour", placement="processes", timeout=5.0)
+    steps = 1200
+    with ReplicaManager(model, plan, Adagrad(0.03), 3, 2, options) as rm:
+        victim = rm.clusters[1].call_all("hello", {})[0]["pid"]
+        t, killed = _kill_when(lambda: rm.record.steps_done.get(1, 0) >= 30, lambda: victim)
+        record = rm.fit(gf.datasets.batches(digits.x_train, digits.y_train, 32, shift=2), steps)
+        t.join(5)
+        accuracy = rm.evaluate(digits.x_test, digits.y_test)
+    assert killed == [victim]
+    assert len(record.failures) == 1 and "replica 1 failed" in record.failures[0]
+    assert "worker:0" in record.failures[0]  # which worker of the replica died
+    assert record.steps_done[1] < 200  # it stopped early ...
+    assert sum(record.steps_done.values()) == steps  # ... and the others ran the rest
+    assert accuracy >= 0.97, accuracy
+
+
+def test_a_killed_shard_resumes_from_its_checkpoint(digits, tmp_path):
+    model = gf.models.digits_lc(batch=None)
+    plan = partition(model.graph, 1, "spatial", loss=model.loss)
+    options = ReplicaOptions(mode="downpour", placement="threads", shard_placement="processes",
+                             checkpoint_dir=str(tmp_path), checkpoint_every=20, timeout=10.0)
+    with ReplicaManager(model, plan, Adagrad(0.03), 2, 2, options) as rm:
+        victim = rm.shards.pids[0]
+        newest = []  # the checkpoint a restarted shard 0 must resume from
+        t, killed = _kill_when(lambda: sum(rm.record.steps_done.values()) >= 150,
+                               lambda: victim,
+                               then=lambda: newest.append(ckpt.load_newest(tmp_path, 0)))
+        record = rm.fit(gf.datasets.batches(digits.x_train, digits.y_train, 32, shift=2), 400)
+        t.join(5)
+        stats = rm.client.stats()
+        accuracy = rm.evaluate(digits.x_test, digits.y_test)
+    assert killed == [victim]
+    assert rm.shards.restarts and "restarted as pid" in rm.shards.restarts[0]
+    assert not record.failures  # the replicas went on (their calls were retried)
+    path, state = newest[0]
+    assert stats[0]["restored"] == str(path)
+    saved, final = state["versions"], stats[0]["versions"]
+    assert saved and all(final[k] >= v for k, v in saved.items())
+    assert sum(saved.values()) > 0  # it held real progress
+    assert accuracy > 0.75  # it still learns (from a digits-lc start near 10%)

@@ -1,0 +1,109 @@
+"""Replicas sharing a sharded parameter server: Downpour, BSP, SSP (threads; see
+test_replica_faults.py for killed processes)."""
+
+import numpy as np
+import pytest
+
+import graphflow as gf
+from graphflow.optim import SGD, Adagrad
+from graphflow.partitioners import partition
+from graphflow.replicas.manager import ReplicaManager, ReplicaOptions
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return gf.datasets.digits()
+
+
+def _manager(model, replicas, mode, optimizer, parts=1, shards=2, **kw):
+    plan = partition(model.graph, parts, "spatial", loss=model.loss)
+    return ReplicaManager(model, plan, optimizer, replicas, shards,
+                          ReplicaOptions(mode=mode, timeout=20, **kw))
+
+
+def _batches(data, n, size=16, seed=0):
+    it = gf.datasets.batches(data.x_train, data.y_train, size, seed=seed)
+    return [next(it) for _ in range(n)]
+
+
+def test_bsp_applies_one_averaged_update_per_step(digits):
+    """Two replicas in BSP take batches 2k and 2k+1 at step k and the shards apply the mean of
+    their gradients once: the same as one model on the joined batch."""
+    steps, lr = 4, 0.05
+    batches = _batches(digits, 2 * steps)
+    model = gf.models.digits_lc(batch=None)
+    with _manager(model, 2, "bsp", SGD(lr), parts=2) as rm:
+        rm.fit(batches, 2 * steps)
+        got = rm.params()
+        versions = rm.client.versions  # of the fetch just made
+    ref = gf.Trainer(gf.models.digits_lc(batch=None), SGD(lr))
+    for k in range(steps):
+        (x0, y0), (x1, y1) = batches[2 * k], batches[2 * k + 1]
+        ref.step(np.concatenate([x0, x1]), np.concatenate([y0, y1]))
+    for name, want in ref.session.params.items():
+        np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
+    assert set(versions.values()) == {steps}  # one update per step on every slice
+
+
+def test_downpour_with_adagrad_learns(digits):
+    model = gf.models.digits_lc(batch=None)
+    with _manager(model, 2, "downpour", Adagrad(0.03)) as rm:
+        before = rm.evaluate(digits.x_test, digits.y_test)
+        record = rm.fit(gf.datasets.batches(digits.x_train, digits.y_train, 32, shift=2), 300)
+        after = rm.evaluate(digits.x_test, digits.y_test)
+    assert after > 0.85 > before
+    assert all(record.steps_done[r] > 50 for r in (0, 1))  # both replicas did work
+
+
+def test_ssp_keeps_every_replica_within_s_clocks_of_the_slowest(digits):
+    s = 2
+    model = gf.models.digits_lc(batch=None)
+    with _manager(model, 2, "ssp", SGD(0.02), staleness=s, slow={1: 0.08}) as rm:
+        record = rm.fit(_batches(digits, 40), 40)
+        log = rm.client.clocks()[0]["log"]  # shard 0 sees every clock_ok call
+    fast = record.steps_done[0]
+    assert fast > record.steps_done[1]  # replica 0 is faster ...
+    # ... every step it ran passed the gate within s clocks of the slowest ...
+    passed = {clock for _, r, clock, low in log if r == 0 and clock - low <= s}
+    assert passed >= set(range(fast))
+    assert any(r == 0 and clock - low > s for _, r, clock, low in log)  # ... and it was held
+
+
+def test_warm_start_runs_replica_zero_alone_first(digits):
+    model = gf.models.digits_lc(batch=None)
+    with _manager(model, 2, "downpour", Adagrad(0.03), warm_start=10) as rm:
+        record = rm.fit(_batches(digits, 30), 30)
+    first_other = min(t for t, _, _ in record.losses[1])
+    tenth = sorted(t for t, _, _ in record.losses[0])[9]
+    assert first_other >= tenth
+
+
+def test_compressed_pushes_still_learn(digits):
+    model = gf.models.digits_lc(batch=None)
+    with _manager(model, 2, "downpour", Adagrad(0.03), compress="topk:0.1") as rm:
+        rm.fit(gf.datasets.batches(digits.x_train, digits.y_train, 32, shift=2), 300)
+        assert rm.evaluate(digits.x_test, digits.y_test) > 0.6  # from ~0.1; sends 10%
+
+
+def test_bad_mode_is_named():
+    with pytest.raises(ValueError, match="unknown mode 'hogwild'"):
+        ReplicaOptions(mode="hogwild")
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+def test_allreduce_replicas_equal_one_model_on_the_joined_batch(digits, algorithm):
+    """Synchronous data parallelism without a PS: the same update as BSP."""
+    steps, lr = 3, 0.05
+    batches = _batches(digits, 3 * steps)
+    model = gf.models.digits_lc(batch=None)
+    with _manager(model, 3, "allreduce", SGD(lr), parts=2, algorithm=algorithm) as rm:
+        rm.fit(batches, 3 * steps)
+        got = [rm.plan.assemble(c.params()) for c in rm.clusters]
+    ref = gf.Trainer(gf.models.digits_lc(batch=None), SGD(lr))
+    for k in range(steps):
+        xs, ys = zip(*batches[3 * k:3 * k + 3], strict=True)
+        ref.step(np.concatenate(xs), np.concatenate(ys))
+    for name, want in ref.session.params.items():
+        for r in range(3):  # every replica holds the same parameters
+            np.testing.assert_allclose(got[r][name], want, rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{name} on replica {r}")
