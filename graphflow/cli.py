@@ -63,8 +63,13 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--replicas", type=int, default=1,
                    help="model replicas sharing a sharded parameter server (default 1: none)")
     d.add_argument("--ps-shards", type=int, default=2, help="parameter-server shards (2)")
-    d.add_argument("--sync", default="downpour", choices=["downpour", "bsp", "ssp"],
-                   help="downpour (async), bsp (barrier each step) or ssp (bounded staleness)")
+    d.add_argument("--sync", default="downpour",
+                   choices=["downpour", "bsp", "ssp", "allreduce", "sandblaster"],
+                   help="downpour (async), bsp (barrier each step), ssp (bounded staleness), "
+                        "allreduce (synchronous, no PS) or sandblaster (L-BFGS, one iteration "
+                        "per batch)")
+    d.add_argument("--allreduce", default="ring", choices=["ring", "tree"],
+                   help="the allreduce algorithm of --sync allreduce (ring)")
     d.add_argument("--n-fetch", type=int, default=1, help="downpour: fetch every N steps")
     d.add_argument("--n-push", type=int, default=1, help="downpour: push every N steps")
     d.add_argument("--staleness", type=int, default=2, help="ssp: clocks ahead allowed (2)")
@@ -89,9 +94,9 @@ def _parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks: `graphflow bench SUITE --help`",
                        epilog="example: graphflow bench speedup --workers 1,2")
-    b.add_argument("suite", choices=["speedup", "convergence", "ps"],
+    b.add_argument("suite", choices=["speedup", "convergence", "ps", "sync"],
                    help="speedup: DistBelief's Fig. 3 here; convergence: its Fig. 4; "
-                        "ps: parameter-server pushes per second")
+                        "ps: parameter-server pushes per second; sync: PS vs allreduce")
     b.add_argument("args", nargs=argparse.REMAINDER, help="the suite's own options")
 
     w = sub.add_parser("worker", help="serve one worker for a driver on another machine",
@@ -106,7 +111,8 @@ def _parser() -> argparse.ArgumentParser:
                                     "manager starts these itself).",
                         epilog="example: graphflow ps --listen tcp://10.0.0.5:6000 --index 0 "
                                "--shards 2 --checkpoint-dir /var/tmp/ps0")
-    ps.add_argument("args", nargs=argparse.REMAINDER, help="see `graphflow ps -- --help`")
+    ps.add_argument("args", nargs=argparse.REMAINDER, help="see `graphflow ps --help`")
+    # (main() hands `graphflow ps ...` to graphflow.ps's own parser before this one runs)
     return p
 
 
@@ -144,6 +150,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         options = ReplicaOptions(
             mode=args.sync, n_fetch=args.n_fetch, n_push=args.n_push, staleness=args.staleness,
             warm_start=args.warm_start, compress=args.compress, placement=args.mode,
+            algorithm=args.allreduce,
             shard_placement="processes" if args.checkpoint_dir else "threads",
             checkpoint_dir=args.checkpoint_dir)
         trainer = DataParallelTrainer(model, optimizer, args.replicas, args.ps_shards,
@@ -229,12 +236,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return int(import_module(f"graphflow.bench.{args.suite}").main(args.args))
 
 
-def cmd_ps(args: argparse.Namespace) -> int:
-    from graphflow.ps.__main__ import main as ps
-
-    return int(ps(args.args))
-
-
 def cmd_worker(args: argparse.Namespace) -> int:
     from graphflow.runtime.service import serve
 
@@ -243,9 +244,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["ps"]:  # its own parser (argparse cannot pass options through)
+        from graphflow.ps.__main__ import main as ps
+
+        return int(ps(argv[1:], prog="graphflow ps"))
     args = _parser().parse_args(argv)
     handler = {"train": cmd_train, "show": cmd_show, "ops": cmd_ops, "bench": cmd_bench,
-               "worker": cmd_worker, "ps": cmd_ps}[args.command]
+               "worker": cmd_worker}[args.command]
     try:
         return handler(args)
     except (GraphflowError, ValueError, ImportError, OSError) as e:

@@ -42,3 +42,15 @@ def test_partitioned_training_and_plan_report():
     assert r.returncode == 0 and all(s in r.stdout for s in ("spatial", "layerwise", "mincut"))
     r = run("train", "digits-lc", "--cluster", "/no/such/file.toml", "--no-progress")
     assert r.returncode == 1 and "No such file" in r.stderr
+
+
+def test_data_parallel_training_and_the_ps_command():
+    r = run("train", "digits-lc", "--replicas", "2", "--sync", "downpour", "--steps", "60",
+            "--json", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["steps"] == 60 and result["test_accuracy"] > 0.3
+    r = run("ps", "--help")
+    assert r.returncode == 0 and "--checkpoint-dir" in r.stdout
+    r = run("ps", "--listen")
+    assert r.returncode == 2 and "--listen" in r.stderr

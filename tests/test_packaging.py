@@ -1,6 +1,7 @@
 """`pip install .` (not editable) installs graphflow.ops and graphflow.partitioners."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,13 +10,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_non_editable_install_imports_subpackages(tmp_path):
-    target = tmp_path / "site"
+    target, source = tmp_path / "site", tmp_path / "src"
+    # a copy without build/ leftovers: setuptools would reuse stale files from there
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        "build", ".git", "*.egg-info", "__pycache__", "benchmarks", ".pytest_cache"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-build-isolation", "--target", str(target), str(ROOT)],
+                    "--no-build-isolation", "--target", str(target), str(source)],
                    check=True, capture_output=True, timeout=300)
     assert not (target / "ops").exists(), "ops must not install as a top-level module"
     code = ("import graphflow, graphflow.ops, graphflow.partitioners, graphflow.runtime, "
-            "graphflow.transport, graphflow.bench; "
+            "graphflow.transport, graphflow.bench, graphflow.ps, graphflow.replicas; "
             "print(graphflow.__file__); print(len(graphflow.ops.REGISTRY))")
     env = {**os.environ, "PYTHONPATH": str(target)}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True,

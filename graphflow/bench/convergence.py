@@ -175,44 +175,19 @@ def _sandblaster(model: models.Model, data: datasets.Dataset, args: argparse.Nam
     """L-BFGS on large batches; the coordinator and replicas share the PS shards' vectors.
     An iteration evaluates a new batch twice (at the old point, then the new): as many
     iterations as make the same number of examples as the other modes' `steps` batches."""
-    from graphflow.ps.client import PSClient
-    from graphflow.ps.layout import Layout
-    from graphflow.replicas.sandblaster import ClusterReplica, Sandblaster
-    from graphflow.replicas.shards import ShardGroup
-    from graphflow.runtime.cluster import Cluster
-
     iterations = max(2, args.steps * args.batch // (2 * SANDBLASTER_BATCH))
     bar.total = iterations
     batches = datasets.batches(data.x_train, data.y_train, SANDBLASTER_BATCH, seed=args.seed,
                                shift=SHIFT)
     plan = partition(model.graph, 1, "spatial", loss=model.loss)
-    clusters = [Cluster(plan, args.placement) for _ in range(args.replicas)]
-    try:
-        with ShardGroup(args.shards) as shards:
-            initial = clusters[0].params()
-            layout = Layout.build({k: v.shape for k, v in initial.items()}, args.shards)
-
-            def client() -> PSClient:
-                return PSClient(shards.addresses, layout)
-
-            with client() as ps:
-                ps.init(initial, {"name": "sgd", "lr": 1.0}, list(range(args.replicas)))
-                replicas = [ClusterReplica(c, model.x.name, model.y.name) for c in clusters]
-                session = Trainer(model, SGD(1.0))
-                curve: list[tuple[float, int, float]] = []
-                with Sandblaster(client, replicas, batches,
-                                 SANDBLASTER_BATCH // args.batch) as sb:
-                    start = time.perf_counter()
-                    for i in range(iterations):
-                        loss = sb.step()
-                        session.session.params.update(plan.assemble(ps.fetch()))
-                        curve.append((time.perf_counter() - start, i + 1,
-                                      session.accuracy(data.x_test, data.y_test)))
-                        bar.update(loss=loss)
-    finally:
-        for c in clusters:
-            c.close()
-    return curve
+    options = ReplicaOptions(mode="sandblaster", placement=args.placement,
+                             portions=SANDBLASTER_BATCH // args.batch)
+    with ReplicaManager(model, plan, SGD(1.0), args.replicas, args.shards, options) as rm:
+        def progress(done: int, loss: float) -> None:
+            bar.update(done - bar.done, loss=loss)
+        record = rm.fit(batches, iterations, evaluate=(data.x_test, data.y_test),
+                        eval_every=args.eval_every, progress=progress)
+    return record.evals
 
 
 def plot(doc: dict[str, Any], path: Path) -> str | None:

@@ -22,9 +22,9 @@ from graphflow.errors import GraphflowError
 from graphflow.ps.server import serve_shard
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str = "python -m graphflow.ps") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m graphflow.ps", description=__doc__,
+        prog=prog, description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example: python -m graphflow.ps --listen tcp://127.0.0.1:5700 --index 0 "
                "--shards 1 --checkpoint-dir ckpt --checkpoint-seconds 30")
@@ -49,9 +49,9 @@ def _watch_parent(pid: int, stop: threading.Event) -> None:
             stop.set()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m graphflow.ps") -> int:
     """Serve one shard; 0 after a clean stop, 1 when it could not start, 2 on bad arguments."""
-    p = parser()
+    p = parser(prog)
     args = p.parse_args(argv)
     if not 0 <= args.index < args.shards:
         p.error(f"--index {args.index} is not in [0, --shards {args.shards})")

@@ -38,19 +38,21 @@ from graphflow.runtime.cluster import Cluster
 
 log = logging.getLogger("graphflow.replicas")
 
-MODES = (*PS_MODES, "allreduce")
+MODES = (*PS_MODES, "allreduce", "sandblaster")
 
 
 @dataclass
 class ReplicaOptions:
     """How replicas share parameters. `mode`: downpour, bsp or ssp through the parameter
-    server, or allreduce (synchronous, no PS: `algorithm` ring or tree); `n_fetch` / `n_push`:
+    server, allreduce (synchronous, no PS: `algorithm` ring or tree) or sandblaster (L-BFGS,
+    one iteration per batch, cut into `portions`; the optimizer is not used); `n_fetch` / `n_push`:
     downpour's fetch and push intervals in steps; `staleness`: ssp's s; `warm_start`: steps
     replica 0 runs alone first; `compress`: None, "float16" or "topk:FRACTION"; `slow`:
     replica -> seconds added to each of its steps (for experiments and tests)."""
 
     mode: str = "downpour"
     algorithm: str = "ring"
+    portions: int = 8
     n_fetch: int = 1
     n_push: int = 1
     staleness: int = 2
@@ -154,6 +156,8 @@ class ReplicaManager:
         self.client = self._client()
         self.client.init(initial, self.optimizer.spec(), list(range(self.replicas)),
                          staleness=o.staleness, bsp_deadline=o.bsp_deadline)
+        if o.mode == "sandblaster":
+            return  # its replicas fetch and accumulate from the driver (sandblaster.py)
         for r, cluster in enumerate(self.clusters):
             assert cluster is not None
             cluster.call_all("ps_attach", {
@@ -191,7 +195,10 @@ class ReplicaManager:
         """Train until the replicas together have run `steps` steps: each replica takes the
         next batch of `batches` when it is ready for one (so the data is sharded by who is
         free: a faster replica sees more of it). With `evaluate` = (x_test, y_test) the PS's
-        parameters are scored every `eval_every` s meanwhile and at the end."""
+        parameters are scored every `eval_every` s meanwhile and at the end. Sandblaster: `steps`
+        L-BFGS iterations, one batch each."""
+        if self.options.mode == "sandblaster":
+            return self._fit_sandblaster(batches, steps, evaluate, eval_every, progress)
         feed = _Feed(iter(batches), steps)
         warm = threading.Event()
         if self.options.warm_start == 0:
@@ -216,6 +223,30 @@ class ReplicaManager:
         if feed.done < steps:
             raise GraphflowError(f"every replica failed after {feed.done} of {steps} steps: "
                                  + "; ".join(self.record.failures))
+        return self.record
+
+    def _fit_sandblaster(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], steps: int,
+                         evaluate: tuple[np.ndarray, np.ndarray] | None, eval_every: float,
+                         progress: Callable[[int, float], None] | None) -> Record:
+        from graphflow.replicas.sandblaster import ClusterReplica, Sandblaster
+
+        replicas = [ClusterReplica(c, self.model.x.name, self.model.y.name)
+                    for c in self.clusters if c is not None]
+        losses = self.record.losses.setdefault(0, [])
+        self._t0 = next_eval = time.perf_counter()
+        with Sandblaster(self._client, replicas, batches, self.options.portions) as sb:
+            for i in range(steps):
+                self._last_loss = sb.step()
+                losses.append((time.perf_counter() - self._t0, i, self._last_loss))
+                self.record.steps_done[0] = i + 1
+                if evaluate is not None and (time.perf_counter() >= next_eval or
+                                             i == steps - 1):
+                    self.evaluate(*evaluate)
+                    next_eval = time.perf_counter() + eval_every
+                if progress is not None:
+                    progress(i + 1, self._last_loss)
+        self.record.failures += [f"replica {e['replica']}: {e['error']}" for e in sb.log
+                                 if e.get("error")]
         return self.record
 
     def _replica_loop(self, r: int, feed: _Feed, warm: threading.Event) -> None:

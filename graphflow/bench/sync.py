@@ -1,0 +1,148 @@
+"""`graphflow bench sync`: a synchronous step's gradient exchange as replicas grow, through the
+parameter server (BSP: every replica pushes, the shards average and update, every replica
+fetches) against a ring and a tree allreduce (FireCaffe), in threads of this process.
+
+Each point is the median time from the moment all replicas are released together to the moment
+the last one holds the averaged result (allreduce) or the updated parameters (PS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphflow.bench import csv_counts, format_table, machine_info, single_threaded
+from graphflow.ps.client import PSClient
+from graphflow.ps.layout import Layout
+from graphflow.ps.server import ShardThread
+from graphflow.replicas.allreduce import bench_allreduce
+
+METHODS = ("ps", "ring", "tree")
+COLUMNS = [("method", "method"), ("replicas", "R"), ("mb", "MB"), ("ms", "median ms"),
+           ("gbs", "GB/s per replica")]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="graphflow bench sync", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="example: graphflow bench sync --replicas 1,2,4 --mb 4")
+    p.add_argument("--replicas", type=csv_counts, default=[1, 2, 4],
+                   help="replica counts, comma-separated (1,2,4)")
+    p.add_argument("--mb", type=float, default=4.0, help="gradient size in MB (4)")
+    p.add_argument("--shards", type=int, default=2, help="parameter-server shards (2)")
+    p.add_argument("--repeats", type=int, default=15, help="timed exchanges per point (15)")
+    p.add_argument("--json", type=Path, default=Path("benchmarks/results/sync.json"))
+    p.add_argument("--png", type=Path, default=Path("benchmarks/results/sync.png"))
+    p.add_argument("--quick", action="store_true", help="tiny settings (for tests)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """0 when every point ran, 2 on a bad argument."""
+    p = parser()
+    try:
+        args = p.parse_args(argv)
+        if args.mb <= 0 or args.shards < 1 or args.repeats < 1:
+            p.error("--mb must be > 0, --shards and --repeats >= 1")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    if args.quick:
+        args.mb, args.repeats = 0.25, 2
+    size = int(args.mb * 2**20) // 4
+    doc: dict[str, Any] = {"benchmark": "sync", "machine": machine_info(),
+                           "settings": {k: str(v) if isinstance(v, Path) else v
+                                        for k, v in vars(args).items()}, "points": []}
+    with single_threaded():
+        for r in args.replicas:
+            doc["points"].append({"method": "ps", "replicas": r,
+                                  "times_s": ps_exchange(r, args.shards, size, args.repeats)})
+            for algorithm in ("ring", "tree"):
+                res = bench_allreduce([4 * size], r, algorithm, args.repeats)["results"][0]
+                doc["points"].append({"method": algorithm, "replicas": r,
+                                      "times_s": res["times_s"]})
+    for pt in doc["points"]:
+        pt["median_s"] = statistics.median(pt["times_s"])
+    rows = [{"method": pt["method"], "replicas": pt["replicas"], "mb": 4 * size / 2**20,
+             "ms": 1e3 * pt["median_s"], "gbs": 4 * size / pt["median_s"] / 1e9}
+            for pt in doc["points"]]
+    print(format_table(rows, COLUMNS, left=("method",)))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {args.json}")
+    print(plot(doc, args.png) or f"wrote {args.png}")
+    return 0
+
+
+def ps_exchange(replicas: int, shards: int, size: int, repeats: int) -> list[float]:
+    """Times of BSP exchanges of a `size`-element gradient by `replicas` client threads."""
+    run = uuid.uuid4().hex[:8]
+    threads = [ShardThread(f"inproc://graphflow-sync-{run}-{s}", s, shards)
+               for s in range(shards)]
+    layout = Layout.build({"g": (size,)}, shards)
+    addresses = [t.address for t in threads]
+    grad = np.random.default_rng(0).standard_normal(size).astype(np.float32)
+    try:
+        with PSClient(addresses, layout) as c:
+            c.init({"g": np.zeros(size, np.float32)}, {"name": "sgd", "lr": 0.01},
+                   list(range(replicas)))
+        clients = [PSClient(addresses, layout) for _ in range(replicas)]
+        barrier = threading.Barrier(replicas)
+        marks: list[list[tuple[float, float]]] = [[] for _ in range(replicas)]
+
+        def replica(r: int) -> None:
+            for step in range(repeats + 1):
+                barrier.wait(30)
+                start = time.perf_counter()
+                clients[r].push(r, step, {"g": grad}, mode="bsp")
+                clients[r].fetch(min_version=step + 1)
+                marks[r].append((start, time.perf_counter()))
+
+        workers = [threading.Thread(target=replica, args=(r,)) for r in range(replicas)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(120)
+        for c in clients:
+            c.close()
+    finally:
+        for t in threads:
+            t.stop()
+    return [max(m[i][1] for m in marks) - min(m[i][0] for m in marks)
+            for i in range(1, repeats + 1)]  # the first exchange warms up
+
+
+def plot(doc: dict[str, Any], path: Path) -> str | None:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return "matplotlib is not installed: no PNG (pip install matplotlib)"
+    fig = Figure(figsize=(6.4, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for i, method in enumerate(METHODS):
+        pts = [(p["replicas"], 1e3 * p["median_s"]) for p in doc["points"]
+               if p["method"] == method]
+        ax.plot(*zip(*pts, strict=True), "o-", color=f"C{i}",
+                label={"ps": f"parameter server ({doc['settings']['shards']} shards, BSP)",
+                       "ring": "ring allreduce", "tree": "tree allreduce"}[method])
+    ax.set(xlabel="replicas", ylabel="ms per synchronous exchange",
+           title=f"{doc['settings']['mb']:g} MB of gradients, threads on "
+                 f"{doc['machine']['cpu_count']} cores")
+    ax.set_xticks(sorted({p["replicas"] for p in doc["points"]}))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
