@@ -133,7 +133,8 @@ class DataParallelTrainer(Trainer):
         self.step_count = 0
 
     def step(self, x: np.ndarray, y: np.ndarray) -> float:
-        raise NotImplementedError("replicas step on their own: call fit()")
+        raise TypeError("a DataParallelTrainer has no single step: its replicas take batches "
+                        "on their own; call fit()")
 
     def fit(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], steps: int,
             progress: bool = True, log_every: int = 10) -> History:

@@ -20,7 +20,7 @@ first-result-wins per task, so backup tasks can send duplicates.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,14 +35,10 @@ class VectorOps:
     vectors: dict[str, dict[str, np.ndarray]]
     accepted: dict[str, set[str]]
 
-    def _changed(self, keys: Collection[str]) -> None:
-        raise NotImplementedError
-
-    def _grad(self, key: str, g: Any) -> np.ndarray:
-        raise NotImplementedError
-
-    def flush(self) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by Shard
+        def _changed(self, keys: Collection[str]) -> None: ...
+        def _grad(self, key: str, g: Any) -> np.ndarray: ...
+        def flush(self) -> None: ...
 
     def _vec(self, name: str) -> dict[str, np.ndarray]:
         self.flush()

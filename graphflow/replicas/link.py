@@ -84,12 +84,15 @@ class PSLink:
         # bsp: every slice's version goes up by one per step, from here
         self.version0 = min(self.client.versions.values(), default=0)
         self.last_step = -1
-        if mode == "downpour":
+        if mode == "downpour":  # each thread its own client (sockets are per thread)
+            pusher, fetcher = client_factory(), client_factory()
             self._threads = [
-                threading.Thread(target=self._push_loop, args=(client_factory(),),
-                                 daemon=True, name=f"replica{replica}-push"),
-                threading.Thread(target=self._fetch_loop, args=(client_factory(),),
-                                 daemon=True, name=f"replica{replica}-fetch")]
+                threading.Thread(target=self._serve, args=(
+                    self._pushq, lambda job: self._push(pusher, *job), "push"),
+                    daemon=True, name=f"replica{replica}-push"),
+                threading.Thread(target=self._serve, args=(
+                    self._fetchq, lambda _step: self._fetched(fetcher), "fetch"),
+                    daemon=True, name=f"replica{replica}-fetch")]
             for t in self._threads:
                 t.start()
 
@@ -101,9 +104,6 @@ class PSLink:
             self.sums[name] = np.array(grad, dtype=param.dtype)
         else:
             np.add(total, grad, out=total)
-
-    def spec(self) -> dict[str, Any]:
-        return {"name": "ps-link", "mode": self.mode}
 
     # -- between steps ---------------------------------------------------------------------------
     def before_step(self, step: int) -> None:
@@ -174,31 +174,21 @@ class PSLink:
         if self._error is not None:
             raise LinkError(f"replica {self.replica}: parameter server: {self._error}")
 
-    def _push_loop(self, client: PSClient) -> None:
-        while True:
-            item = self._pushq.get()
-            if item is None:
-                return
+    def _serve(self, jobs: queue.Queue[Any], work: Callable[[Any], None], what: str) -> None:
+        """Run `work(job)` for each job until None; the first failure stops the thread and is
+        raised on the compute thread at its next step."""
+        while (job := jobs.get()) is not None:
             try:
-                self._push(client, *item)
+                work(job)
             except Exception as e:  # noqa: BLE001 - reported at the next step
-                log.error("replica %d: push of step %d failed: %s", self.replica, item[0], e)
+                log.error("replica %d: %s failed: %s", self.replica, what, e)
                 self._error = e
                 return
 
-    def _fetch_loop(self, client: PSClient) -> None:
-        while True:
-            step = self._fetchq.get()
-            if step is None:
-                return
-            try:
-                fresh = client.fetch()
-            except Exception as e:  # noqa: BLE001 - reported at the next step
-                log.error("replica %d: fetch after step %d failed: %s", self.replica, step, e)
-                self._error = e
-                return
-            with self._lock:
-                self._fresh = fresh
+    def _fetched(self, client: PSClient) -> None:
+        fresh = client.fetch()
+        with self._lock:
+            self._fresh = fresh
 
     def close(self) -> None:
         """Push what is left (downpour) and stop the threads."""

@@ -137,6 +137,7 @@ class ReplicaManager:
         self._session: Session | None = None
         self._t0 = time.perf_counter()
         self._last_loss = float("nan")
+        self._failed: set[int] = set()
         try:
             self._start()
         except BaseException:
@@ -284,6 +285,7 @@ class ReplicaManager:
         what = f"replica {r} failed at step {step}: {error}; dropped, the others go on"
         log.error(what)
         self.record.failures.append(what)
+        self._failed.add(r)
         if self.options.mode == "allreduce":
             return  # the others' next allreduce names the missing rank and fails too
         try:
@@ -297,8 +299,7 @@ class ReplicaManager:
         """The current parameters (the PS's; with allreduce, the first live replica's), by
         the model's parameter names."""
         if self.options.mode == "allreduce":
-            failed = {int(f.split()[1]) for f in self.record.failures}
-            live = next(c for r, c in enumerate(self.clusters) if r not in failed)
+            live = next(c for r, c in enumerate(self.clusters) if r not in self._failed)
             assert live is not None
             return self.plan.assemble(live.params())
         with self._lock:
