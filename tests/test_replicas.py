@@ -80,9 +80,10 @@ def test_warm_start_runs_replica_zero_alone_first(digits):
 
 def test_compressed_pushes_still_learn(digits):
     model = gf.models.digits_lc(batch=None)
-    with _manager(model, 2, "downpour", Adagrad(0.03), compress="topk:0.1") as rm:
+    # bsp: the same batches meet at each step, so the result does not depend on timing
+    with _manager(model, 2, "bsp", Adagrad(0.03), compress="topk:0.1") as rm:
         rm.fit(gf.datasets.batches(digits.x_train, digits.y_train, 32, shift=2), 300)
-        assert rm.evaluate(digits.x_test, digits.y_test) > 0.6  # from ~0.1; sends 10%
+        assert rm.evaluate(digits.x_test, digits.y_test) > 0.9  # from ~0.1; sends 10%
 
 
 def test_bad_mode_is_named():
