@@ -210,6 +210,22 @@ def test_bsp_applies_one_averaged_update_per_step_and_drops_late_replicas(caplog
     assert shard.versions["w[0:6]"] == 5 and not shard.pending
 
 
+def test_bsp_after_a_restart_jumps_to_the_replicas_version_and_forgets_lost_steps(tmp_path):
+    """Restored from a checkpoint taken at step 1 (step 0 of replica 1 held), the shard meets
+    replicas already at step 4: the held step is dropped, not waited for, and step 4 brings the
+    slice to the version the replicas wait for."""
+    shard = _shard(replicas=(0, 1), checkpoint_dir=tmp_path)
+    g = np.ones(6, np.float32)
+    shard.push(0, 0, {"w[0:6]": g}, mode="bsp", version=1)
+    shard.checkpoint()  # step 0: replica 0 pushed, replica 1 not yet
+    back = Shard(0, checkpoint_dir=tmp_path)
+    assert sorted(back.pending) == [0] and back.pending[0].version == 1
+    for r in (0, 1):  # step 0 ran and was lost; they are at step 4 now
+        back.push(r, 4, {"w[0:6]": g}, mode="bsp", version=5)
+    assert back.versions["w[0:6]"] == 5 and not back.pending
+    assert back.push(1, 4, {"w[0:6]": g}, mode="bsp", version=5)["duplicate"]  # a repeat
+
+
 def test_bsp_deadline_runs_in_the_server_loop_without_requests(tmp_path):
     with ShardThread(f"ipc://{tmp_path}/ps0", 0) as t:
         client = PSClient([t.address], Layout.build({"w": (6,)}, 1), timeout=5.0)

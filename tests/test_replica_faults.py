@@ -88,3 +88,27 @@ def test_a_killed_shard_resumes_from_its_checkpoint(digits, tmp_path):
     assert sum(saved.values()) > 0  # it held real progress
     assert sum(after.values()) > sum(final.values())  # the restarted shard takes updates
     assert accuracy > 0.75  # it still learns (from a digits-lc start near 10%)
+
+
+def test_bsp_goes_on_after_a_shard_restart(digits, tmp_path):
+    """The barrier survives a shard restarted from an older checkpoint: replicas push their
+    step again while they wait, and the shard jumps to the version they wait for."""
+    model = gf.models.digits_lc(batch=None)
+    plan = partition(model.graph, 1, "spatial", loss=model.loss)
+    options = ReplicaOptions(mode="bsp", placement="threads", shard_placement="processes",
+                             checkpoint_dir=str(tmp_path), checkpoint_every=10, timeout=20.0)
+    steps = 160  # 80 per replica
+    with ReplicaManager(model, plan, Adagrad(0.03), 2, 2, options) as rm:
+        victim = rm.shards.pids[1]
+        t, killed = _kill_when(lambda: min(rm.record.steps_done.values(), default=0) >= 30,
+                               lambda: victim)
+        record = rm.fit(gf.datasets.batches(digits.x_train, digits.y_train, 32, shift=2),
+                        steps)
+        t.join(5)
+        versions = rm.client.stats()[1]["versions"]
+        accuracy = rm.evaluate(digits.x_test, digits.y_test)
+    assert killed == [victim] and rm.shards.restarts
+    assert not record.failures
+    assert record.steps_done == {0: steps // 2, 1: steps // 2}  # in lockstep to the end
+    assert set(versions.values()) == {steps // 2}  # one version per step, lost ones included
+    assert accuracy > 0.5

@@ -133,7 +133,7 @@ class PSClient:
         return self.layout.join({k: v for r in got.values() for k, v in r["values"].items()})
 
     def push(self, replica: int, step: int, grads_by_name: Mapping[str, np.ndarray],
-             mode: str = "async", codec: Any = None) -> dict[str, bool]:
+             mode: str = "async", codec: Any = None, version: int = 0) -> dict[str, bool]:
         """Send each shard its slices of the gradients of `replica`'s step `step`.
         {"applied": any slice applied now, "duplicate": every shard saw it before}.
         `codec` (a graphflow.replicas.compress codec) encodes each slice for the wire; its
@@ -145,8 +145,9 @@ class PSClient:
             n = sum(g.nbytes for d in split.values() for g in d.values())
             codec.bytes_raw += n
             codec.bytes_sent += n
+        extra = {"version": version} if version else {}  # (bsp: see Shard.push)
         out = self._fan("push", {s: {"replica": replica, "step": step, "grads": d,
-                                     "mode": mode} for s, d in split.items()})
+                                     "mode": mode, **extra} for s, d in split.items()})
         return {"applied": any(r["applied"] for r in out.values()),
                 "duplicate": bool(out) and all(r["duplicate"] for r in out.values())}
 

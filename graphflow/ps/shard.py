@@ -55,6 +55,7 @@ class _BspStep:
     started: float
     sums: dict[str, np.ndarray] = field(default_factory=dict)
     pushed: dict[str, set[int]] = field(default_factory=dict)
+    version: int = 0  # what the replicas wait for once it is applied (0: one more)
 
 
 class Shard(VectorOps):
@@ -148,9 +149,11 @@ class Shard(VectorOps):
                 "versions": {k: self.versions[k] for k in keys}}
 
     def push(self, replica: int, step: int, grads: Mapping[str, Any],
-             mode: str = "async") -> dict[str, Any]:
+             mode: str = "async", version: int = 0) -> dict[str, Any]:
         """Apply (async) or hold until the step is complete (bsp) the gradients of `replica`'s
-        step `step`; a slice whose (replica, step) was applied before is ignored."""
+        step `step`; a slice whose (replica, step) was applied before is ignored. A bsp
+        `version` is the one the replicas wait for after this step: a shard restored from an
+        older checkpoint jumps to it (the steps in between are lost, not waited for)."""
         if mode not in ("async", "bsp"):
             raise ShardError(f"shard {self.index}: unknown push mode {mode!r} (async, bsp)")
         if self.optimizer is None:
@@ -158,7 +161,7 @@ class Shard(VectorOps):
         flat = {k: self._grad(k, g) for k, g in grads.items()}
         self.clock[replica] = max(self.clock.get(replica, 0), step + 1)
         if mode == "bsp":
-            return self._push_bsp(replica, step, flat)
+            return self._push_bsp(replica, step, flat, version)
         applied = 0
         for key, g in flat.items():
             if self._seen(key, replica, step):
@@ -170,12 +173,13 @@ class Shard(VectorOps):
         return {"applied": applied > 0, "duplicate": bool(flat) and applied == 0}
 
     def _push_bsp(self, replica: int, step: int, grads: dict[str, np.ndarray],
-                  ) -> dict[str, Any]:
+                  version: int = 0) -> dict[str, Any]:
         if replica not in self.live:
             what = "dropped" if replica in self.replicas else "unknown (not given to init)"
             log.warning("shard %d: bsp step %d: push from %s replica %d ignored",
                         self.index, step, what, replica)
             return {"applied": False, "duplicate": False, "dropped": True}
+        self._forget_stale_bsp(replica, step, grads)
         held = self.pending.get(step)
         fresh = 0
         for key, g in grads.items():
@@ -189,6 +193,7 @@ class Shard(VectorOps):
             else:
                 held.sums[key] = np.array(g, dtype=np.float32)
             held.pushed.setdefault(key, set()).add(replica)
+            held.version = max(held.version, version)
             fresh += 1
         self.counts["duplicates"] += len(grads) - fresh
         applied = self._complete_bsp()
@@ -202,12 +207,26 @@ class Shard(VectorOps):
             for key in [k for k, who in held.pushed.items() if self.live <= who]:
                 who = held.pushed.pop(key)
                 self._apply(key, held.sums.pop(key) / np.float32(len(who)))
+                self.versions[key] = max(self.versions[key], held.version)
                 for r in who:
                     self.last_step.setdefault(key, {})[r] = step
                 done += 1
             if not held.pushed:
                 del self.pending[step]
         return done
+
+    def _forget_stale_bsp(self, replica: int, step: int, keys: Collection[str]) -> None:
+        """Drop held slices of earlier steps that `replica` never pushed: it can only have
+        moved past them if they were applied and then lost to a restart from a checkpoint."""
+        for s in [s for s in self.pending if s < step]:
+            held = self.pending[s]
+            for key in [k for k in keys if replica not in held.pushed.get(k, {replica})]:
+                del held.pushed[key], held.sums[key]
+                log.warning("shard %d: bsp step %d of %s dropped: replica %d is at step %d "
+                            "(applied before this shard's restart)", self.index, s, key,
+                            replica, step)
+            if not held.pushed:
+                del self.pending[s]
 
     def _seen(self, key: str, replica: int, step: int) -> bool:
         return self.last_step.get(key, {}).get(replica, step - 1) >= step
@@ -318,7 +337,7 @@ class Shard(VectorOps):
             "clock": sorted(self.clock.items()), "live": sorted(self.live),
             "replicas": sorted(self.replicas), "staleness": self.staleness,
             "bsp_deadline": self.bsp_deadline, "counts": self.counts,
-            "pending": [[s, h.sums, {k: sorted(w) for k, w in h.pushed.items()}]
+            "pending": [[s, h.sums, {k: sorted(w) for k, w in h.pushed.items()}, h.version]
                         for s, h in self.pending.items()],
             **self._vector_state()}
 
@@ -329,7 +348,8 @@ class Shard(VectorOps):
             setattr(self, name, st[name])
         self.counts.update(st["counts"], checkpoints=0)
         now = time.monotonic()  # restarted: every held bsp step gets a full deadline again
-        self.pending = {s: _BspStep(now, sums, pushed) for s, sums, pushed in st["pending"]}
+        self.pending = {s: _BspStep(now, sums, pushed, version)
+                        for s, sums, pushed, version in st["pending"]}
 
     def stats(self) -> dict[str, Any]:
         """Counters ("updates" applied, "duplicates" ignored slice pushes, "checkpoints"
@@ -369,8 +389,8 @@ def _parse_state(st: Any) -> dict[str, Any]:
                     for n, vec in st["vectors"].items()},
         "accepted": {str(n): {str(t) for t in tasks} for n, tasks in st["accepted"].items()},
         "pending": [(int(s), {str(k): _flat(a).copy() for k, a in sums.items()},
-                     {str(k): {int(r) for r in w} for k, w in pushed.items()})
-                    for s, sums, pushed in st["pending"]]}
+                     {str(k): {int(r) for r in w} for k, w in pushed.items()}, int(version))
+                    for s, sums, pushed, version in st["pending"]]}
 
 
 def _warmed(opt: Optimizer | None) -> Optimizer | None:

@@ -8,7 +8,9 @@ fetched back. How and when depends on the consistency mode:
   `n_fetch` steps, each on its own thread, so compute never waits for the network; fetched
   values are installed between steps.
 - `bsp`: push every step, then wait until the shards have applied the step's averaged update
-  (every live replica pushed) and fetch it.
+  (every live replica pushed) and fetch it. While it waits it pushes the step again every
+  `REPUSH_AFTER` s (a shard drops a repeat): a shard restarted from a checkpoint has lost the
+  first one.
 - `ssp`: push and fetch every step; before a step, wait while this replica is more than
   `staleness` clocks ahead of the slowest live one.
 
@@ -31,13 +33,14 @@ from typing import Any
 import numpy as np
 
 from graphflow.errors import GraphflowError
-from graphflow.ps.client import PSClient
+from graphflow.ps.client import PSClient, PSError
 from graphflow.replicas.allreduce import AllReduce
 from graphflow.runtime.worker import Updater
 
 log = logging.getLogger("graphflow.replicas")
 
 MODES = ("downpour", "bsp", "ssp")
+REPUSH_AFTER = 1.0  # s a bsp barrier waits before the step is pushed again
 
 
 class LinkError(GraphflowError):
@@ -133,12 +136,10 @@ class PSLink:
                 except queue.Full:
                     pass  # a fetch is already on its way
             return
-        self._push(self.client, step, self._take_sums())
+        sums = self._take_sums()
+        self._push(self.client, step, sums)
         if self.mode == "bsp":
-            start = time.monotonic()
-            self.install(self.client.fetch(min_version=self.version0 + step + 1,
-                                           wait=self.timeout))
-            self.waited += time.monotonic() - start
+            self._bsp_barrier(step, sums)
         else:
             self.install(self.client.fetch())
 
@@ -153,12 +154,34 @@ class PSLink:
         sums, self.sums, self.steps_summed = self.sums, {}, 0
         return sums
 
-    def _push(self, client: PSClient, step: int, sums: dict[str, np.ndarray]) -> None:
+    def _push(self, client: PSClient, step: int, sums: dict[str, np.ndarray],
+              again: bool = False) -> None:
         if not sums:
             return
-        mode = "bsp" if self.mode == "bsp" else "async"
-        client.push(self.replica, step, sums, mode=mode, codec=self.codec)
+        if self.mode == "bsp":
+            # a repeat goes uncompressed: encoding again would count top-k residuals twice
+            codec = None if again else self.codec
+            client.push(self.replica, step, sums, mode="bsp", version=self.version0 + step + 1,
+                        codec=codec)
+        else:
+            client.push(self.replica, step, sums, mode="async", codec=self.codec)
         self.pushes += 1
+
+    def _bsp_barrier(self, step: int, sums: dict[str, np.ndarray]) -> None:
+        """Fetch the step's update once every shard applied it, pushing again meanwhile."""
+        start = time.monotonic()
+        while True:
+            left = self.timeout - (time.monotonic() - start)
+            try:
+                fresh = self.client.fetch(min_version=self.version0 + step + 1,
+                                          wait=max(0.0, min(REPUSH_AFTER, left)))
+                break
+            except PSError:
+                if left <= REPUSH_AFTER:
+                    raise
+            self._push(self.client, step, sums, again=True)
+        self.install(fresh)
+        self.waited += time.monotonic() - start
 
     def _wait_for(self, ready: Callable[[], bool], what: str) -> None:
         start = time.monotonic()
