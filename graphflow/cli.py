@@ -55,7 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--mode", default="threads", choices=["threads", "processes"],
                    help="workers as threads of this process or as local processes")
     m.add_argument("--cluster", metavar="FILE",
-                   help="TOML file listing remote workers (`graphflow worker --listen`)")
+                   help="TOML file listing remote workers (`graphflow worker --listen`): "
+                        "workers = [\"tcp://HOST:PORT\", ...]; with --replicas R it lists "
+                        "R x parts workers and ps_host = \"ADDRESS\" of this machine, where "
+                        "the shards listen")
     m.add_argument("--microbatches", type=int, default=1,
                    help="pipeline each batch in this many micro-batches (layerwise plans)")
     m.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"])
@@ -153,8 +156,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             algorithm=args.allreduce,
             shard_placement="processes" if args.checkpoint_dir else "threads",
             checkpoint_dir=args.checkpoint_dir)
+        parts = args.parts
+        if args.cluster:  # replicas x parts remote workers, the shards here on tcp
+            options = options.with_cluster_file(args.cluster)
+            assert options.hosts is not None
+            parts, extra = divmod(len(options.hosts), args.replicas)
+            if extra or not parts:
+                raise ValueError(f"{args.cluster} lists {len(options.hosts)} workers: not a "
+                                 f"multiple of --replicas {args.replicas}")
         trainer = DataParallelTrainer(model, optimizer, args.replicas, args.ps_shards,
-                                      args.parts, args.strategy, options)
+                                      parts, args.strategy, options)
     elif args.parts > 1 or args.cluster:
         hosts = read_cluster_file(args.cluster) if args.cluster else None
         trainer = PartitionedTrainer(
@@ -170,11 +181,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         seconds = time.perf_counter() - start
         accuracy = (trainer.accuracy(data.x_test, data.y_test)
                     if args.workload == "digits-lc" else None)
+        record = trainer.manager.record if isinstance(trainer, DataParallelTrainer) else None
     finally:
         if isinstance(trainer, (PartitionedTrainer, DataParallelTrainer)):
             trainer.close()
     result = {"workload": args.workload, "steps": steps, "batch": batch, "seconds": seconds,
               "final_loss": history.losses[-1] if history.losses else None}
+    if record is not None:
+        result["replica_steps"] = {str(r): n for r, n in sorted(record.steps_done.items())}
+        result["failures"] = record.failures
     if accuracy is not None:
         result["test_accuracy"] = accuracy
         result["test_examples"] = len(data.y_test)

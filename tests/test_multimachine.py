@@ -215,3 +215,33 @@ def test_multimachine_killed_worker_is_named(hosts, tmp_path):
     driver.event("closed", within=20)
     assert driver.finish(within=10) == 0, _log(driver.log)
     assert_exits(workers["a"], logs["a"], within=10)  # the survivor still obeys the driver
+
+
+@pytest.mark.parametrize("sync", ["downpour", "allreduce"])
+def test_multimachine_replicas_train_together(hosts, tmp_path, sync):
+    """Two digits-lc replicas, one on each worker host (`graphflow train --cluster FILE
+    --replicas 2`): through two shards that the driver on c runs on tcp, or averaging their
+    gradients with each other over tcp (allreduce)."""
+    workers, logs = start_workers(hosts, tmp_path)
+    cluster = tmp_path / "cluster.toml"
+    addresses = [f"tcp://{hosts.address(h)}:{PORT}" for h in WORKER_HOSTS]
+    cluster.write_text(f"workers = {json.dumps(addresses)}\nps_host = \"{hosts.address('c')}\"\n")
+    driver = hosts.popen("c", [sys.executable, "-m", "graphflow.cli", "train", "digits-lc",
+                               "--cluster", str(cluster), "--replicas", "2", "--ps-shards", "2",
+                               "--sync", sync, "--steps", "400", "--json",
+                               "--no-progress"],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=_env())
+    try:
+        out, err = driver.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        Hosts.kill(driver)
+        pytest.fail("graphflow train with remote replicas still running after 180 s")
+    assert driver.returncode == 0, err.decode(errors="replace")[-3000:]
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    assert not result["failures"], result
+    steps = result["replica_steps"]
+    assert sum(steps.values()) == 400 and min(steps.values()) > 50, steps  # both trained
+    assert result["test_accuracy"] >= 0.85, result
+    for h in WORKER_HOSTS:
+        assert_exits(workers[h], logs[h], within=10)

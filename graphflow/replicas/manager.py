@@ -19,9 +19,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlparse
 
 import numpy as np
 
@@ -34,7 +36,7 @@ from graphflow.ps.client import PSClient
 from graphflow.ps.layout import Layout
 from graphflow.replicas.link import MODES as PS_MODES
 from graphflow.replicas.shards import ShardGroup
-from graphflow.runtime.cluster import Cluster
+from graphflow.runtime.cluster import Cluster, read_cluster_file
 
 log = logging.getLogger("graphflow.replicas")
 
@@ -48,7 +50,12 @@ class ReplicaOptions:
     one iteration per batch, cut into `portions`; the optimizer is not used); `n_fetch` / `n_push`:
     downpour's fetch and push intervals in steps; `staleness`: ssp's s; `warm_start`: steps
     replica 0 runs alone first; `compress`: None, "float16" or "topk:FRACTION"; `slow`:
-    replica -> seconds added to each of its steps (for experiments and tests)."""
+    replica -> seconds added to each of its steps (for experiments and tests).
+
+    Placement: `placement` threads or processes of this machine, or `hosts`: the control
+    addresses of `graphflow worker`s elsewhere, replicas x parts of them (replica r gets
+    hosts[r * parts:(r + 1) * parts]); the shards then listen on tcp at `ps_host`, an address
+    of this machine those workers reach (`from_cluster_file` reads both)."""
 
     mode: str = "downpour"
     algorithm: str = "ring"
@@ -66,12 +73,26 @@ class ReplicaOptions:
     timeout: float = 30.0
     ps_timeout: float = 2.0
     slow: dict[int, float] = field(default_factory=dict)
+    hosts: list[str] | None = None
+    ps_host: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown mode '{self.mode}'; known: {', '.join(MODES)}")
         if self.algorithm not in ("ring", "tree"):
             raise ValueError(f"unknown allreduce algorithm '{self.algorithm}': ring or tree")
+        if self.hosts and not self.ps_host and self.mode != "allreduce":
+            raise ValueError("replicas on remote workers need ps_host: an address of this "
+                             "machine the workers reach, for the parameter-server shards")
+
+    def with_cluster_file(self, path: str) -> ReplicaOptions:
+        """These options with `hosts` and `ps_host` from a TOML cluster file:
+        `workers = ["tcp://10.0.0.2:5555", ...]` and `ps_host = "10.0.0.1"`."""
+        with open(path, "rb") as f:
+            ps_host = tomllib.load(f).get("ps_host")
+        if ps_host is not None and not isinstance(ps_host, str):
+            raise ValueError(f"{path}: ps_host must be a string such as \"10.0.0.1\"")
+        return replace(self, hosts=read_cluster_file(path), ps_host=ps_host)
 
 
 @dataclass
@@ -131,7 +152,7 @@ class ReplicaManager:
         self.shards = ShardGroup(0 if self.options.mode == "allreduce" else shards,
                                  self.options.shard_placement,
                                  self.options.checkpoint_dir, self.options.checkpoint_every,
-                                 self.options.timeout)
+                                 self.options.timeout, listen_host=self.options.ps_host)
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one thread at a time on self.client
         self._session: Session | None = None
@@ -145,9 +166,15 @@ class ReplicaManager:
             raise
 
     def _start(self) -> None:
-        o = self.options
-        self.clusters = [Cluster(self.plan, o.placement, timeout=o.timeout)
-                         for _ in range(self.replicas)]
+        o, parts = self.options, self.plan.parts
+        if o.hosts is not None and len(o.hosts) != self.replicas * parts:
+            raise ValueError(f"{self.replicas} replicas of {parts} part(s) need "
+                             f"{self.replicas * parts} workers, but {len(o.hosts)} hosts "
+                             "were given")
+        self.clusters = []
+        for r in range(self.replicas):  # (appended one by one: close() stops those started)
+            hosts = o.hosts[r * parts:(r + 1) * parts] if o.hosts else None
+            self.clusters.append(Cluster(self.plan, o.placement, hosts, timeout=o.timeout))
         if o.mode == "allreduce":
             self._attach_allreduce()
             return
@@ -170,8 +197,7 @@ class ReplicaManager:
     def _attach_allreduce(self) -> None:
         """Worker i of every replica forms allreduce group i; replica r is rank r."""
         o, parts = self.options, self.plan.parts
-        binds = [[self.shards.address_for(f"ar{r}-{i}") if o.placement == "processes" else
-                  f"inproc://graphflow-ar-{id(self)}-{r}-{i}" for i in range(parts)]
+        binds = [[self._allreduce_bind(r, i) for i in range(parts)]
                  for r in range(self.replicas)]
         addresses = [c.call_each("ar_bind", [{"rank": r, "bind": b, "timeout": o.timeout}
                                              for b in binds[r]])
@@ -183,6 +209,14 @@ class ReplicaManager:
                  "peers": {str(q): addresses[q][i] for q in range(self.replicas)},
                  "optimizer": self.optimizer.spec(), "timeout": o.timeout}
                 for i in range(parts)])
+
+    def _allreduce_bind(self, r: int, i: int) -> str:
+        """Where worker i of replica r listens for its allreduce peers."""
+        if self.options.hosts:  # the host its control address names, a port picked at bind
+            return f"tcp://{urlparse(self.options.hosts[r * self.plan.parts + i]).hostname}:*"
+        if self.options.placement == "processes":
+            return self.shards.address_for(f"ar{r}-{i}")
+        return f"inproc://graphflow-ar-{id(self)}-{r}-{i}"
 
     def _client(self, names: Any = None) -> PSClient:
         return PSClient(self.shards.addresses, self.layout, timeout=self.options.ps_timeout,

@@ -22,8 +22,10 @@ WATCH = 0.1  # seconds between looks at the shard processes
 
 
 class ShardGroup:
-    """`count` shards on ipc addresses under a temporary directory. With `placement=
-    "processes"` each shard is its own process, restarted from `checkpoint_dir` if it dies.
+    """`count` shards on ipc addresses under a temporary directory, or on tcp ports of
+    `listen_host` (an address of this machine that workers on other machines reach). With
+    `placement="processes"` each shard is its own process, restarted from `checkpoint_dir` if
+    it dies.
 
         with ShardGroup(2, "processes", checkpoint_dir="ckpt") as shards:
             client = PSClient(shards.addresses, layout)
@@ -31,7 +33,7 @@ class ShardGroup:
 
     def __init__(self, count: int, placement: str = "threads",
                  checkpoint_dir: str | None = None, checkpoint_every: int = 200,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, listen_host: str | None = None) -> None:
         if placement not in ("threads", "processes"):
             raise ValueError(f"unknown shard placement '{placement}': threads or processes")
         self.placement, self.timeout = placement, timeout
@@ -39,7 +41,9 @@ class ShardGroup:
         self.checkpoint_dir = checkpoint_dir or (
             str(Path(self._tmp) / "checkpoints") if placement == "processes" else None)
         self.checkpoint_every = checkpoint_every
-        self.addresses = [f"ipc://{self._tmp}/ps{i}" for i in range(count)]
+        # (tcp ports are picked at bind; a restarted shard binds the port its first one got)
+        self.addresses = [f"tcp://{listen_host}:*" if listen_host else f"ipc://{self._tmp}/ps{i}"
+                          for i in range(count)]
         self.restarts: list[str] = []  # what the watcher did, for logs and tests
         self._threads: list[ShardThread] = []
         self._procs: list[ShardProcess] = []
@@ -52,8 +56,10 @@ class ShardGroup:
                     self._threads.append(ShardThread(
                         address, i, count, checkpoint_dir=self.checkpoint_dir,
                         checkpoint_every=checkpoint_every, timeout=timeout))
+                    self.addresses[i] = self._threads[-1].address
                 else:
                     self._procs.append(self._start(i))
+                    self.addresses[i] = self._procs[-1].address
         except BaseException:
             self.close()
             raise
