@@ -3,6 +3,7 @@ ops), checkpoints, and the RPC path through shards served by threads."""
 
 import logging
 import os
+import time
 
 import msgpack
 import numpy as np
@@ -292,6 +293,31 @@ def test_vector_ops_over_two_shards(two_shards):
     client.vec_drop("x")
     assert client.vec_dot("x", "param") == 0.0  # a fresh vector is zero
     client.close()
+
+
+def test_a_retried_axpy_is_done_once(tmp_path, monkeypatch):
+    """The first axpy's reply comes after the client gave up on it, so the client sends it
+    again; the shard runs both requests but adds alpha * x only once."""
+    slow_once = []
+    axpy = Shard.vec_axpy
+
+    def late_axpy(self, *args, **kwargs):
+        if not slow_once:
+            slow_once.append(1)
+            time.sleep(0.6)
+        return axpy(self, *args, **kwargs)
+
+    monkeypatch.setattr(Shard, "vec_axpy", late_axpy)
+    with ShardThread(f"ipc://{tmp_path}/ps0", 0) as t:
+        client = PSClient([t.address], Layout.build({"w": (3,)}, 1), timeout=0.3, retry_for=5)
+        client.init({"w": np.zeros(3, np.float32)}, {"name": "sgd", "lr": 1.0}, [0])
+        client.accumulate("g", "t0", {"w": np.ones(3, np.float32)})
+        client.vec_axpy(2.0, "g", "param")
+        assert client.retries >= 1
+        np.testing.assert_array_equal(client.fetch()["w"], [2, 2, 2])  # not 4
+        client.vec_axpy(2.0, "g", "param")  # a new call is a new write
+        np.testing.assert_array_equal(client.fetch()["w"], [4, 4, 4])
+        client.close()
 
 
 # -- checkpoints ----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
@@ -55,11 +56,17 @@ class PSClient:
         self.shards = layout.shards_of(self.names)
         self.keys = {s: layout.keys_on(s, self.names) for s in self.shards}
         self.retries = 0
+        self._uid, self._ops = uuid.uuid4().hex[:12], 0
         self.versions: dict[str, int] = {}  # of the slices last fetched
         self._ctx = context
         self._rpc = {s: self._connect(s) for s in self.shards}
         self._pool = ThreadPoolExecutor(len(self.shards), thread_name_prefix="psclient") \
             if parallel and len(self.shards) > 1 else None
+
+    def _op_id(self) -> str:
+        """A fresh id for a write that must not be done twice when its call is retried."""
+        self._ops += 1
+        return f"{self._uid}-{self._ops}"
 
     def _peer(self, s: int) -> str:
         return f"ps:{s} at {self.addresses[s]}"
@@ -172,11 +179,11 @@ class PSClient:
 
     def vec_axpy(self, alpha: float, x: str, y: str) -> None:
         """y += alpha * x on every connected shard."""
-        self._all("vec_axpy", alpha=float(alpha), x=x, y=y)
+        self._all("vec_axpy", alpha=float(alpha), x=x, y=y, op=self._op_id())
 
     def vec_scale(self, alpha: float, x: str) -> None:
         """x *= alpha on every connected shard."""
-        self._all("vec_scale", alpha=float(alpha), x=x)
+        self._all("vec_scale", alpha=float(alpha), x=x, op=self._op_id())
 
     def vec_copy(self, src: str, dst: str) -> None:
         """dst = src on every connected shard."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +74,7 @@ class Shard(VectorOps):
         self.params: dict[str, np.ndarray] = {}
         self.vectors: dict[str, dict[str, np.ndarray]] = {}
         self.accepted: dict[str, set[str]] = {}
+        self._ops_done: OrderedDict[str, None] = OrderedDict()  # (VectorOps._repeat)
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.checkpoint_every, self.checkpoint_seconds, self.keep = (
             checkpoint_every, checkpoint_seconds, keep)

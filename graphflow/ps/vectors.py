@@ -4,7 +4,9 @@ A coordinator (L-BFGS) never holds the parameters: it asks every shard for parti
 products and for axpy / scale / copy on vectors that live beside the parameters. "param" is
 the parameters themselves (writing it bumps the slices' versions); any other name is created
 zeroed, slice by slice, on first use. `accumulate` sums workers' gradients into a vector with
-first-result-wins per task, so backup tasks can send duplicates.
+first-result-wins per task, so backup tasks can send duplicates. An axpy or scale that
+carries an `op` id is done once: the client retries a call whose reply was lost, and
+y += a * x twice would be wrong (copy and zero may run twice).
 
     >>> from graphflow.ps.shard import Shard
     >>> shard = Shard(0)
@@ -19,12 +21,14 @@ first-result-wins per task, so backup tasks can send duplicates.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 PARAM = "param"
+OPS_REMEMBERED = 4096  # write ids kept to recognise a retried call (oldest forgotten first)
 
 
 class VectorOps:
@@ -34,6 +38,7 @@ class VectorOps:
     params: dict[str, np.ndarray]
     vectors: dict[str, dict[str, np.ndarray]]
     accepted: dict[str, set[str]]
+    _ops_done: OrderedDict[str, None]
 
     if TYPE_CHECKING:  # provided by Shard
         def _changed(self, keys: Collection[str]) -> None: ...
@@ -50,6 +55,17 @@ class VectorOps:
                 vec[key] = np.zeros_like(p)
         return vec
 
+    def _repeat(self, op: str | None) -> bool:
+        """True if write `op` was done before (else it is remembered as done now)."""
+        if op is None:
+            return False
+        if op in self._ops_done:
+            return True
+        self._ops_done[op] = None
+        if len(self._ops_done) > OPS_REMEMBERED:
+            self._ops_done.popitem(last=False)
+        return False
+
     def _wrote(self, name: str, keys: Collection[str] | None = None) -> None:
         if name == PARAM:
             self._changed(self.params if keys is None else keys)
@@ -60,15 +76,19 @@ class VectorOps:
         return float(sum(np.dot(x[k].astype(np.float64), y[k].astype(np.float64))
                          for k in self.params))
 
-    def vec_axpy(self, alpha: float, x: str, y: str) -> None:
+    def vec_axpy(self, alpha: float, x: str, y: str, op: str | None = None) -> None:
         """y += alpha * x"""
+        if self._repeat(op):
+            return
         xs, ys = self._vec(x), self._vec(y)
         for k in self.params:
             ys[k] += np.float32(alpha) * xs[k]
         self._wrote(y)
 
-    def vec_scale(self, alpha: float, x: str) -> None:
+    def vec_scale(self, alpha: float, x: str, op: str | None = None) -> None:
         """x *= alpha"""
+        if self._repeat(op):
+            return
         for v in self._vec(x).values():
             v *= np.float32(alpha)
         self._wrote(x)
