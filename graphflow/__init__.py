@@ -49,6 +49,7 @@ from graphflow.ops.shape import concat, flatten, pad, reshape, slice_, transpose
 from graphflow.partitioners import Plan, partition
 from graphflow.runtime import Cluster
 from graphflow.train import Trainer
+from graphflow.viz import visualize
 
 __all__ = [
     "Cluster", "CycleError", "DTypeError", "Graph", "GraphError", "GraphflowError",
@@ -58,5 +59,5 @@ __all__ = [
     "max_pool2d", "maximum", "models", "mse", "mul", "name_scope", "neg", "optim", "pad",
     "parameter", "partition", "placeholder", "reduce_max", "reduce_mean", "reduce_sum", "relu",
     "reshape", "sigmoid", "slice_", "softmax", "softmax_cross_entropy", "sqrt", "square", "sub",
-    "tanh", "transpose",
+    "tanh", "transpose", "visualize",
 ]

@@ -3,6 +3,7 @@
     graphflow train digits-lc              train on the bundled digits, print test accuracy
     graphflow train lc-large --steps 5     a few steps of a reference workload on synthetic data
     graphflow show speech-mlp              the graph, one node a line, and its parameter count
+    graphflow visualize lc-large --parts 4 -o plan.html   how a model is split, drawn
     graphflow ops                          the op table
     graphflow train digits-lc --replicas 2 --sync downpour   data parallelism through a PS
     graphflow bench speedup                speedup against workers, measured and predicted
@@ -25,6 +26,15 @@ from math import prod
 from graphflow.errors import GraphflowError
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("graphflow")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
     from graphflow.models import WORKLOADS
     from graphflow.optim import OPTIMIZERS
@@ -32,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="graphflow", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"graphflow {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a reference workload in this process",
@@ -94,6 +105,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--batch", type=int, default=64, help="batch size for the plan's figures")
 
     sub.add_parser("ops", help="list the registered ops", epilog="example: graphflow ops")
+
+    from graphflow.viz import command as visualize
+
+    visualize.configure(sub.add_parser(
+        "visualize", help="draw how a model is split (.svg, .png, .dot, .html)",
+        formatter_class=argparse.RawDescriptionHelpFormatter, description=visualize.__doc__))
 
     b = sub.add_parser("bench", help="benchmarks: `graphflow bench SUITE --help`",
                        epilog="example: graphflow bench speedup --workers 1,2")
@@ -245,6 +262,12 @@ def cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_visualize(args: argparse.Namespace) -> int:
+    from graphflow.viz.command import run
+
+    return run(args)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from importlib import import_module
 
@@ -266,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(ps(argv[1:], prog="graphflow ps"))
     args = _parser().parse_args(argv)
     handler = {"train": cmd_train, "show": cmd_show, "ops": cmd_ops, "bench": cmd_bench,
-               "worker": cmd_worker}[args.command]
+               "worker": cmd_worker, "visualize": cmd_visualize}[args.command]
     try:
         return handler(args)
     except (GraphflowError, ValueError, ImportError, OSError) as e:

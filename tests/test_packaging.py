@@ -1,4 +1,5 @@
-"""`pip install .` (not editable) installs graphflow.ops and graphflow.partitioners."""
+"""`pip install .` (not editable) installs every subpackage, graphflow.ops and
+graphflow.partitioners among them."""
 
 import os
 import shutil
@@ -18,6 +19,11 @@ def test_non_editable_install_imports_subpackages(tmp_path):
                     "--no-build-isolation", "--target", str(target), str(source)],
                    check=True, capture_output=True, timeout=300)
     assert not (target / "ops").exists(), "ops must not install as a top-level module"
+    # (an import below may still find a package through the editable install's finder)
+    packages = {d.name for d in (ROOT / "graphflow").iterdir() if (d / "__init__.py").exists()}
+    missing = sorted(p for p in packages | {"ops", "partitioners"}
+                     if not (target / "graphflow" / p / "__init__.py").exists())
+    assert not missing, f"not installed (add them to pyproject.toml's packages): {missing}"
     code = ("import graphflow, graphflow.ops, graphflow.partitioners, graphflow.runtime, "
             "graphflow.transport, graphflow.bench, graphflow.ps, graphflow.replicas; "
             "print(graphflow.__file__); print(len(graphflow.ops.REGISTRY))")

@@ -1,0 +1,106 @@
+"""`graphflow visualize MODEL --parts N --strategy S -o FILE`: draw how a model is split.
+
+MODEL is a reference workload (lc-large, speech-mlp, digits-lc), `module:function`,
+`path/to/file.py:function`, or a file or module alone, whose `build_model()` is used (see
+graphflow.viz.model). The cli wires this in with `configure(parser)` and `run(args)`; errors
+are raised (GraphflowError, ValueError, ImportError for .png without matplotlib, OSError) for
+the cli to print.
+
+    graphflow visualize lc-large --parts 4 -o plan.svg
+    graphflow visualize lc-large --parts 4 --compare spatial,layerwise,mincut -o cmp.html
+    graphflow visualize models.py:my_net --parts 2 --strategy mincut --detail ops -o net.dot
+    graphflow visualize lc-large --parts 4 --view spatial -o grid.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from graphflow.errors import GraphflowError
+from graphflow.viz.api import FORMATS, VIEWS, render
+from graphflow.viz.diagram import DETAILS
+from graphflow.viz.model import load_model
+
+EXAMPLE = "example: graphflow visualize lc-large --parts 4 --strategy spatial -o plan.svg"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add visualize's arguments to `parser` (a subparser of the `graphflow` command)."""
+    from graphflow.partitioners import STRATEGIES
+
+    parser.description = parser.description or __doc__.split("\n\n")[0]
+    parser.epilog = parser.epilog or EXAMPLE
+    parser.add_argument("model", metavar="MODEL",
+                        help="lc-large, speech-mlp, digits-lc, module:function or "
+                             "file.py[:function] (default function: build_model)")
+    parser.add_argument("--parts", type=int, default=2, help="workers to split it across (2)")
+    parser.add_argument("--strategy", default="spatial", choices=STRATEGIES,
+                        help="placement strategy (spatial)")
+    parser.add_argument("-o", "--output", default="plan.svg", metavar="FILE",
+                        help=f"output file; its suffix picks the format: "
+                             f"{', '.join(FORMATS)} (plan.svg)")
+    parser.add_argument("--detail", default="layers", choices=DETAILS,
+                        help="one box per layer (name scope) or per op (layers)")
+    parser.add_argument("--compare", default=None, metavar="S1,S2,...",
+                        help="draw these strategies side by side with their predicted "
+                             "step times, e.g. spatial,layerwise,mincut")
+    parser.add_argument("--view", default="plan", choices=VIEWS,
+                        help="the plan (graph, bars and spatial view) or only the spatial "
+                             "view of its local2d / conv layers (plan)")
+    parser.add_argument("--batch", type=int, default=64,
+                        help="batch size for bytes, FLOPs and predicted times (64)")
+    parser.add_argument("--json", action="store_true",
+                        help="print a summary of each plan as JSON on stdout")
+
+
+def strategies(args: argparse.Namespace) -> list[str]:
+    """The strategies to draw: --compare's list, or --strategy."""
+    from graphflow.partitioners import STRATEGIES
+
+    if not args.compare:
+        return [args.strategy]
+    names = [s.strip() for s in args.compare.split(",") if s.strip()]
+    unknown = [s for s in names if s not in STRATEGIES]
+    if unknown or not names:
+        raise GraphflowError(f"--compare: unknown strategy '{(unknown or [''])[0]}'; known: "
+                             f"{', '.join(STRATEGIES)}")
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    """Partition MODEL, write the picture, print where (or the summary with --json)."""
+    from graphflow.partitioners import partition
+
+    if args.parts < 1:
+        raise GraphflowError(f"--parts must be at least 1, got {args.parts}")
+    if args.batch < 1:
+        raise GraphflowError(f"--batch must be at least 1, got {args.batch}")
+    name, graph, loss = load_model(args.model)
+    plans = [partition(graph, args.parts, s, loss=loss) for s in strategies(args)]
+    diagrams = render(plans, args.output, args.detail, args.batch, name, args.view)
+    if args.json:
+        print(json.dumps({"model": name, "output": str(args.output),
+                          "plans": [d.summary() for d in diagrams]}))
+    else:
+        for d in diagrams:
+            s = d.summary()
+            print(f"{d.title}: {s['nodes']} {args.detail}, {s['transfers']} transfers of "
+                  f"{s['bytes_per_step'] / 1e6:.2f} MB per step, predicted step "
+                  f"{s['predicted_step_ms']:.1f} ms")
+        print(f"wrote {args.output}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m graphflow.viz ...`: the same command without the `graphflow` entry point."""
+    parser = argparse.ArgumentParser(prog="graphflow visualize")
+    configure(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (GraphflowError, ValueError, ImportError, OSError) as e:
+        print(f"graphflow visualize: error: {e}", file=sys.stderr)
+        return 1
