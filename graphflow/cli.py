@@ -4,6 +4,8 @@
     graphflow train lc-large --steps 5     a few steps of a reference workload on synthetic data
     graphflow show speech-mlp              the graph, one node a line, and its parameter count
     graphflow visualize lc-large --parts 4 -o plan.html   how a model is split, drawn
+    graphflow train lc-large --parts 2 --steps 6 --trace run.json   record a run's timeline
+    graphflow timeline run.json -o run.png                          ... and draw it
     graphflow ops                          the op table
     graphflow train digits-lc --replicas 2 --sync downpour   data parallelism through a PS
     graphflow bench speedup                speedup against workers, measured and predicted
@@ -59,6 +61,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="stop at the first node that produces NaN or inf")
     t.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--trace", metavar="FILE", default=None,
+                   help="write the run's timeline (Chrome trace-event JSON: every worker's "
+                        "kernels, sends, receives, PS calls) here; draw it with `graphflow "
+                        "timeline FILE`")
     m = t.add_argument_group("model parallelism")
     m.add_argument("--parts", type=int, default=1, help="workers to split the model across")
     m.add_argument("--strategy", default="spatial", choices=STRATEGIES,
@@ -106,11 +112,14 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("ops", help="list the registered ops", epilog="example: graphflow ops")
 
+    from graphflow.trace import command as timeline
     from graphflow.viz import command as visualize
 
     visualize.configure(sub.add_parser(
         "visualize", help="draw how a model is split (.svg, .png, .dot, .html)",
         formatter_class=argparse.RawDescriptionHelpFormatter, description=visualize.__doc__))
+    timeline.configure(sub.add_parser(
+        "timeline", help="draw a run's trace (--trace FILE) as a PNG Gantt chart"))
 
     b = sub.add_parser("bench", help="benchmarks: `graphflow bench SUITE --help`",
                        epilog="example: graphflow bench speedup --workers 1,2")
@@ -194,7 +203,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         history = trainer.fit(datasets.batches(data.x_train, data.y_train, batch,
                                                seed=args.seed, shift=shift), steps,
-                              progress=not args.no_progress)
+                              progress=not args.no_progress, trace=args.trace)
         seconds = time.perf_counter() - start
         accuracy = (trainer.accuracy(data.x_test, data.y_test)
                     if args.workload == "digits-lc" else None)
@@ -268,6 +277,12 @@ def cmd_visualize(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_timeline(args: argparse.Namespace) -> int:
+    from graphflow.trace.command import run
+
+    return run(args)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from importlib import import_module
 
@@ -289,7 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(ps(argv[1:], prog="graphflow ps"))
     args = _parser().parse_args(argv)
     handler = {"train": cmd_train, "show": cmd_show, "ops": cmd_ops, "bench": cmd_bench,
-               "worker": cmd_worker, "visualize": cmd_visualize}[args.command]
+               "worker": cmd_worker, "visualize": cmd_visualize,
+               "timeline": cmd_timeline}[args.command]
     try:
         return handler(args)
     except (GraphflowError, ValueError, ImportError, OSError) as e:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ from graphflow.errors import (
 from graphflow.init import initial_value
 from graphflow.ir import Graph, Node
 from graphflow.ops.registry import REGISTRY, fmt
+from graphflow.trace import session as trace
+from graphflow.trace.recorder import clock
 
 Feeds = Mapping[Node | str, Any]
 
@@ -114,11 +117,17 @@ class Session:
     def _execute(self, plan: Schedule, fed: dict[Node, Any],
                  wanted: list[Node]) -> dict[Node, np.ndarray]:
         values: dict[Node, np.ndarray] = {}
+        traced = trace.current()  # a run being recorded: each kernel becomes a span
+        thread = threading.current_thread().name
         for node, dead in zip(plan.order, plan.frees, strict=True):
             if node in fed:
                 values[node] = checked_value(node, fed[node])
-            else:
+            elif traced is None or node.op in ("parameter", "constant"):
                 values[node] = self._compute(node, values, wanted)
+            else:
+                t0 = clock()
+                values[node] = self._compute(node, values, wanted)
+                traced.driver.add(thread, "kernel", node.name, t0, clock(), {"op": node.op})
             for d in dead:
                 del values[d]
         return values

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,6 +24,7 @@ from graphflow.optim import Optimizer
 from graphflow.partitioners import partition
 from graphflow.progress import Progress
 from graphflow.runtime.cluster import Cluster
+from graphflow.trace import driver_span, recording
 
 if TYPE_CHECKING:
     from graphflow.replicas.manager import ReplicaOptions
@@ -48,14 +50,24 @@ class Trainer:
 
     def step(self, x: np.ndarray, y: np.ndarray) -> float:
         """One forward + backward + update on a batch; returns the loss before the update."""
-        loss, *grads = self.session.run(self._fetches, {self.model.x: x, self.model.y: y})
-        for p, g in zip(self.params, grads, strict=True):
-            self.optimizer.update(p.name, self.session.params[p.name], g)
+        with driver_span("step", f"step {self.step_count}", {"step": self.step_count}):
+            loss, *grads = self.session.run(self._fetches, {self.model.x: x, self.model.y: y})
+            for p, g in zip(self.params, grads, strict=True):
+                self.optimizer.update(p.name, self.session.params[p.name], g)
         self.step_count += 1
         return float(loss)
 
     def fit(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], steps: int,
-            progress: bool = True, log_every: int = 10) -> History:
+            progress: bool = True, log_every: int = 10,
+            trace: str | Path | None = None) -> History:
+        """Train for `steps` batches. With `trace`, write the run's timeline there (Chrome
+        trace-event JSON: every worker's kernels, sends, receives and PS calls as spans; see
+        graphflow.trace)."""
+        with recording(trace):
+            return self._fit(batches, steps, progress, log_every)
+
+    def _fit(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], steps: int,
+             progress: bool, log_every: int) -> History:
         history = History()
         it = iter(batches)
         with Progress(steps, "train", enabled=progress) as bar:
@@ -136,8 +148,8 @@ class DataParallelTrainer(Trainer):
         raise TypeError("a DataParallelTrainer has no single step: its replicas take batches "
                         "on their own; call fit()")
 
-    def fit(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], steps: int,
-            progress: bool = True, log_every: int = 10) -> History:
+    def _fit(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], steps: int,
+             progress: bool = True, log_every: int = 10) -> History:
         """`steps` mini-batches in all, each taken by whichever replica is free."""
         with Progress(steps, "train", enabled=progress) as bar:
             def report(done: int, loss: float) -> None:

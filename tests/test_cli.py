@@ -13,6 +13,11 @@ def run(*args):
 def test_help_and_usage_errors():
     r = run("--help")
     assert r.returncode == 0 and "train" in r.stdout
+    for command in ("train", "show", "ops", "visualize", "timeline", "bench", "worker", "ps"):
+        r = run(command, "--help")
+        assert r.returncode == 0 and "example:" in r.stdout, (command, r.stdout[-300:])
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.startswith("graphflow ")
     r = run("train", "no-such-model")
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
@@ -54,3 +59,17 @@ def test_data_parallel_training_and_the_ps_command():
     assert r.returncode == 0 and "--checkpoint-dir" in r.stdout
     r = run("ps", "--listen")
     assert r.returncode == 2 and "--listen" in r.stderr
+
+
+def test_train_trace_then_timeline(tmp_path):
+    trace, png = tmp_path / "run.json", tmp_path / "run.png"
+    r = run("train", "lc-large", "--parts", "2", "--steps", "3", "--batch", "8",
+            "--trace", str(trace), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    r = run("timeline", str(trace), "-o", str(png), "--json")
+    assert r.returncode == 0, r.stderr
+    workers = json.loads(r.stdout)["workers"]
+    assert len(workers) == 2 and all(w["steps"] == 3 for w in workers), workers
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = run("timeline", str(tmp_path / "missing.json"), "-o", str(png))
+    assert r.returncode == 1 and "missing.json" in r.stderr

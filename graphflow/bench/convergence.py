@@ -23,6 +23,7 @@ from graphflow.optim import SGD, Adagrad, Optimizer
 from graphflow.partitioners import partition
 from graphflow.progress import Progress
 from graphflow.replicas.manager import ReplicaManager, ReplicaOptions
+from graphflow.trace import recording
 from graphflow.train import Trainer
 
 MODES = ("sgd", "downpour-sgd", "downpour-adagrad", "bsp", "ssp", "sandblaster")
@@ -55,6 +56,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=Path("benchmarks/results/convergence.json"))
     p.add_argument("--png", type=Path, default=Path("benchmarks/results/convergence.png"))
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    p.add_argument("--trace", type=Path, default=None, metavar="FILE",
+                   help="write the run's timeline there (Chrome trace-event JSON; draw it "
+                        "with `graphflow timeline FILE`)")
     p.add_argument("--quick", action="store_true", help="tiny settings (for tests)")
     return p
 
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {"benchmark": "convergence", "machine": machine_info(),
                            "settings": {k: str(v) if isinstance(v, Path) else v
                                         for k, v in vars(args).items()}, "runs": {}}
-    with single_threaded():
+    with single_threaded(), recording(args.trace):
         for mode in args.modes:
             doc["runs"][mode] = run_mode(mode, data, args)
     print(format_table([_row(m, r) for m, r in doc["runs"].items()], COLUMNS,
@@ -160,11 +164,20 @@ def _replicated(mode: str, model: models.Model, batches: Any, data: datasets.Dat
     plan = partition(model.graph, 1, "spatial", loss=model.loss)
     options = ReplicaOptions(mode=sync, placement=args.placement, staleness=2)
     with ReplicaManager(model, plan, optimizer, args.replicas, args.shards, options) as rm:
+        _label(rm, mode)
+
         def progress(done: int, loss: float) -> None:
             bar.update(done - bar.done, loss=loss)
         record = rm.fit(batches, args.steps, evaluate=(data.x_test, data.y_test),
                         eval_every=args.eval_every, progress=progress)
     return record.evals
+
+
+def _label(rm: ReplicaManager, mode: str) -> None:
+    """Name the replicas' workers after the mode in a --trace."""
+    for cluster in rm.clusters:
+        if cluster is not None:
+            cluster.trace_label = mode
 
 
 SANDBLASTER_BATCH = 512  # examples per L-BFGS iteration, cut into portions of --batch
@@ -183,6 +196,8 @@ def _sandblaster(model: models.Model, data: datasets.Dataset, args: argparse.Nam
     options = ReplicaOptions(mode="sandblaster", placement=args.placement,
                              portions=SANDBLASTER_BATCH // args.batch)
     with ReplicaManager(model, plan, SGD(1.0), args.replicas, args.shards, options) as rm:
+        _label(rm, "sandblaster")
+
         def progress(done: int, loss: float) -> None:
             bar.update(done - bar.done, loss=loss)
         record = rm.fit(batches, iterations, evaluate=(data.x_test, data.y_test),

@@ -35,6 +35,7 @@ import zmq
 from graphflow.bench import format_table, machine_info, single_threaded
 from graphflow.progress import Progress
 from graphflow.ps import Layout, PSClient, ShardProcess, start_shard_process
+from graphflow.trace import current, recording
 
 TARGET = 0.6
 OPTIMIZER = {"name": "adagrad", "lr": 0.01}
@@ -70,6 +71,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=Path("benchmarks/results/ps.json"),
                    help="every rate and the machine (%(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--trace", type=Path, default=None, metavar="FILE",
+                   help="write the run's timeline there (Chrome trace-event JSON; draw it "
+                        "with `graphflow timeline FILE`)")
     p.add_argument("--quick", action="store_true",
                    help="tiny settings (2 rounds of 10 pushes, shards 1,2): for tests")
     return p
@@ -93,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
-    with single_threaded():
+    with single_threaded(), recording(args.trace):
         doc = run(args)
     print(format_table(_rows(doc), COLUMNS))
     for note in doc["notes"]:
@@ -115,9 +119,15 @@ class _Point:
         self.error: str | None = None
 
     def timed(self, n: int) -> None:
+        session = current()  # traced: a driver span per push (looked up once, not per push)
         t0 = time.perf_counter()
         for _ in range(n):
-            self.push()
+            if session is None:
+                self.push()
+            else:
+                with session.driver.span("ps", self.what, {"shards": self.shards},
+                                         thread="client"):
+                    self.push()
         self.rates.append(n / (time.perf_counter() - t0))
 
     def result(self) -> dict[str, Any]:

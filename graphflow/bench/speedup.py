@@ -33,6 +33,7 @@ from graphflow.models import Model
 from graphflow.partitioners import STRATEGIES, Plan, partition
 from graphflow.progress import Progress
 from graphflow.runtime.cluster import Cluster
+from graphflow.trace import recording
 
 WORKLOADS = ("lc-large", "speech-mlp", "digits-lc")
 MACHINES = (1, 2, 4, 8, 16, 32, 64)
@@ -83,6 +84,9 @@ def parser() -> argparse.ArgumentParser:
                    help="reuse cached kernel timings (default: time them again in this run, "
                         "so predictions and measurements see the same machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--trace", type=Path, default=None, metavar="FILE",
+                   help="write the run's timeline there (Chrome trace-event JSON; draw it "
+                        "with `graphflow timeline FILE`)")
     p.add_argument("--quick", action="store_true",
                    help="tiny settings (batch 8, 1 step, predictions to 4 machines): for tests")
     return p
@@ -111,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         _settle(args, p)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
-    with single_threaded():
+    with single_threaded(), recording(args.trace):
         doc = run(args)
     rows = [_table_row(w, pt) for w, wl in doc["workloads"].items() for pt in wl["points"]]
     print(format_table(rows, COLUMNS, left=("strategy", "note")))
@@ -132,7 +136,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every measurement and prediction, as a JSON-ready dict."""
     doc: dict[str, Any] = {
         "benchmark": "speedup", "machine": machine_info(),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "png")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "png", "trace")},
         "tolerance": TOLERANCE, "workloads": {},
         "notes": []}
     cores = doc["machine"]["cpu_count"] or 1
@@ -171,7 +175,8 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
               for (label, _, mb), n in todo]
     with ExitStack() as stack, Progress(len(todo) + args.steps, model.name,
                                         enabled=not args.no_progress) as bar:
-        base, other = (stack.enter_context(_cluster(plan1, args, 1, feeds)) for _ in "ab")
+        base, other = (stack.enter_context(_cluster(plan1, args, 1, feeds, f"P=1 ({x})"))
+                       for x in "ab")
         running: dict[int, Cluster] = {}
         for i, ((label, strategy, mb), n) in enumerate(todo):
             bar.label = f"{model.name} started {label} P={n}"
@@ -179,7 +184,8 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
                 plan = partition(model.graph, n, strategy, loss=model.loss, cost=cost)
                 points[i].update(workers_used=workers_used(plan), times_s=[],
                                  predicted_s=predict(plan, args.batch, mb, args.repeats))
-                running[i] = stack.enter_context(_cluster(plan, args, mb, feeds))
+                running[i] = stack.enter_context(_cluster(plan, args, mb, feeds,
+                                                          f"{label} P={n}"))
             except Exception as e:  # noqa: BLE001 - one failed point is reported
                 points[i]["error"] = f"{type(e).__name__}: {e}"
             bar.update()
@@ -262,10 +268,12 @@ def predict_curve(model: Model, strategy: str, microbatches: int, args: argparse
 
 
 def _cluster(plan: Plan, args: argparse.Namespace, microbatches: int,
-             feeds: dict[str, np.ndarray]) -> Cluster:
-    """A started cluster for `plan`, warmed up by `args.warmup` steps."""
+             feeds: dict[str, np.ndarray], label: str) -> Cluster:
+    """A started cluster for `plan`, warmed up by `args.warmup` steps; `label` names its
+    workers in a --trace."""
     extra = {"microbatches": microbatches, "schedule": args.schedule} if microbatches > 1 else {}
     cluster = Cluster(plan, mode=args.mode, optimizer=OPTIMIZER, timeout=300.0, **extra)
+    cluster.trace_label = label
     try:
         for _ in range(args.warmup):
             cluster.step(feeds)

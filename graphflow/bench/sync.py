@@ -25,6 +25,7 @@ from graphflow.ps.client import PSClient
 from graphflow.ps.layout import Layout
 from graphflow.ps.server import ShardThread
 from graphflow.replicas.allreduce import bench_allreduce
+from graphflow.trace import driver_span, recording
 
 METHODS = ("ps", "ring", "tree")
 COLUMNS = [("method", "method"), ("replicas", "R"), ("mb", "MB"), ("ms", "median ms"),
@@ -42,6 +43,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=15, help="timed exchanges per point (15)")
     p.add_argument("--json", type=Path, default=Path("benchmarks/results/sync.json"))
     p.add_argument("--png", type=Path, default=Path("benchmarks/results/sync.png"))
+    p.add_argument("--trace", type=Path, default=None, metavar="FILE",
+                   help="write the run's timeline there (Chrome trace-event JSON; draw it "
+                        "with `graphflow timeline FILE`)")
     p.add_argument("--quick", action="store_true", help="tiny settings (for tests)")
     return p
 
@@ -61,12 +65,15 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {"benchmark": "sync", "machine": machine_info(),
                            "settings": {k: str(v) if isinstance(v, Path) else v
                                         for k, v in vars(args).items()}, "points": []}
-    with single_threaded():
+    with single_threaded(), recording(args.trace):
         for r in args.replicas:
             doc["points"].append({"method": "ps", "replicas": r,
                                   "times_s": ps_exchange(r, args.shards, size, args.repeats)})
             for algorithm in ("ring", "tree"):
-                res = bench_allreduce([4 * size], r, algorithm, args.repeats)["results"][0]
+                with driver_span("allreduce", f"{algorithm} allreduce x{args.repeats + 1}",
+                                 {"replicas": r}):
+                    res = bench_allreduce([4 * size], r, algorithm, args.repeats)
+                res = res["results"][0]
                 doc["points"].append({"method": algorithm, "replicas": r,
                                       "times_s": res["times_s"]})
     for pt in doc["points"]:
@@ -102,11 +109,14 @@ def ps_exchange(replicas: int, shards: int, size: int, repeats: int) -> list[flo
             for step in range(repeats + 1):
                 barrier.wait(30)
                 start = time.perf_counter()
-                clients[r].push(r, step, {"g": grad}, mode="bsp")
-                clients[r].fetch(min_version=step + 1)
+                with driver_span("ps", "bsp push", {"replicas": replicas, "step": step}):
+                    clients[r].push(r, step, {"g": grad}, mode="bsp")
+                with driver_span("ps", "bsp fetch", {"replicas": replicas, "step": step}):
+                    clients[r].fetch(min_version=step + 1)
                 marks[r].append((start, time.perf_counter()))
 
-        workers = [threading.Thread(target=replica, args=(r,)) for r in range(replicas)]
+        workers = [threading.Thread(target=replica, args=(r,), name=f"replica {r}")
+                   for r in range(replicas)]
         for w in workers:
             w.start()
         for w in workers:

@@ -36,6 +36,7 @@ from graphflow.errors import GraphflowError
 from graphflow.ps.client import PSClient, PSError
 from graphflow.replicas.allreduce import AllReduce
 from graphflow.runtime.worker import Updater
+from graphflow.trace.recorder import EXECUTOR, PS_FETCH, PS_PUSH, Recorder, clock
 
 log = logging.getLogger("graphflow.replicas")
 
@@ -77,6 +78,7 @@ class PSLink:
         self.steps_summed = 0
         self.pushes = self.fetches = 0
         self.waited = 0.0  # seconds spent waiting on the PS (ssp gate, bsp barrier)
+        self.trace: Recorder | None = None  # set while a run is traced (graphflow/trace)
         self._error: BaseException | None = None
         self._fresh: dict[str, np.ndarray] | None = None
         self._lock = threading.Lock()
@@ -94,7 +96,7 @@ class PSLink:
                     self._pushq, lambda job: self._push(pusher, *job), "push"),
                     daemon=True, name=f"replica{replica}-push"),
                 threading.Thread(target=self._serve, args=(
-                    self._fetchq, lambda _step: self._fetched(fetcher), "fetch"),
+                    self._fetchq, lambda step: self._fetched(fetcher, step), "fetch"),
                     daemon=True, name=f"replica{replica}-fetch")]
             for t in self._threads:
                 t.start()
@@ -114,12 +116,16 @@ class PSLink:
         self._check()
         with self._lock:
             fresh, self._fresh = self._fresh, None
+        t0 = clock()
         if fresh is not None:
             self.install(fresh)
+            self._span(EXECUTOR, "ps install", t0, step)
         if self.mode == "ssp":
+            t0 = clock()
             self._wait_for(lambda: self.client.clock_ok(self.replica, step, self.staleness),
                            f"the slowest replica to come within {self.staleness} clocks of "
                            f"replica {self.replica} (clock {step})")
+            self._span(EXECUTOR, "ssp gate", t0, step)
 
     def after_step(self, step: int) -> None:
         """Push (and fetch) as the mode says, after the worker's step `step` ran."""
@@ -138,10 +144,13 @@ class PSLink:
             return
         sums = self._take_sums()
         self._push(self.client, step, sums)
+        t0 = clock()
         if self.mode == "bsp":
             self._bsp_barrier(step, sums)
+            self._span(EXECUTOR, "bsp barrier", t0, step)
         else:
             self.install(self.client.fetch())
+            self._span(EXECUTOR, "ps fetch", t0, step)
 
     def install(self, values: Mapping[str, np.ndarray]) -> None:
         for name, value in values.items():
@@ -154,10 +163,24 @@ class PSLink:
         sums, self.sums, self.steps_summed = self.sums, {}, 0
         return sums
 
+    def _span(self, thread: str, name: str, t0: float, step: int,
+              nbytes: int | None = None) -> None:
+        if (tr := self.trace) is not None:
+            args = {"step": step} if nbytes is None else {"step": step, "bytes": nbytes}
+            tr.add(thread, "ps", name, t0, clock(), args)
+
     def _push(self, client: PSClient, step: int, sums: dict[str, np.ndarray],
               again: bool = False) -> None:
         if not sums:
             return
+        t0 = clock()
+        self._push_now(client, step, sums, again)
+        self._span(PS_PUSH if self.mode == "downpour" else EXECUTOR,
+                   "ps push again" if again else "ps push", t0, step,
+                   sum(g.nbytes for g in sums.values()))
+
+    def _push_now(self, client: PSClient, step: int, sums: dict[str, np.ndarray],
+                  again: bool) -> None:
         if self.mode == "bsp":
             # a repeat goes uncompressed: encoding again would count top-k residuals twice
             codec = None if again else self.codec
@@ -208,10 +231,12 @@ class PSLink:
                 self._error = e
                 return
 
-    def _fetched(self, client: PSClient) -> None:
+    def _fetched(self, client: PSClient, step: int) -> None:
+        t0 = clock()
         fresh = client.fetch()
         with self._lock:
             self._fresh = fresh
+        self._span(PS_FETCH, "ps fetch", t0, step)
 
     def close(self) -> None:
         """Push what is left (downpour) and stop the threads."""
@@ -232,6 +257,7 @@ class AllReduceLink:
                  optimizer: Updater) -> None:
         self.params, self.allreduce, self.optimizer = params, allreduce, optimizer
         self.sums: dict[str, np.ndarray] = {}
+        self.trace: Recorder | None = None  # set while a run is traced (graphflow/trace)
 
     def update(self, name: str, param: np.ndarray, grad: np.ndarray) -> None:
         self.sums[name] = grad
@@ -240,10 +266,15 @@ class AllReduceLink:
         pass
 
     def after_step(self, step: int) -> None:
+        t0 = clock()
         mean = self.allreduce.allreduce(self.sums, step, average=True)
+        t1 = clock()
         for name, grad in mean.items():
             self.optimizer.update(name, self.params[name], grad)
         self.sums = {}
+        if (tr := self.trace) is not None:
+            tr.add(EXECUTOR, "allreduce", "allreduce", t0, t1, {"step": step})
+            tr.add(EXECUTOR, "update", "update", t1, clock(), {"params": len(mean)})
 
     def close(self) -> None:
         self.allreduce.close()

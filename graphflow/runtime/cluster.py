@@ -38,6 +38,8 @@ from graphflow.runtime import pipeline
 from graphflow.runtime.service import serve
 from graphflow.runtime.worker import worker_name
 from graphflow.serialize import graph_to_dict
+from graphflow.trace import session as tracing
+from graphflow.trace.recorder import clock
 from graphflow.transport.endpoint import PeerTimeout
 from graphflow.transport.rpc import RemoteError, RpcClient
 
@@ -102,6 +104,7 @@ class Cluster:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._pool = ThreadPoolExecutor(max(plan.parts, 1))
         self.step_count = 0
+        self.trace_label: str | None = None  # names its workers in a trace of several clusters
         self.clients: list[RpcClient] = []
         try:
             self.control = self._start_workers(hosts)
@@ -207,7 +210,12 @@ class Cluster:
                  "fetches": wanted[i], "step": self.step_count, "train": train,
                  "check_numerics": check_numerics, "microbatches": self.microbatches,
                  "schedule": self.schedule} for i in range(self.plan.parts)]
+        session = tracing.current()  # a traced run: the workers record, the driver times steps
+        traced = session.join(self) if session is not None else None
+        t0 = clock()
         results = self._call_each("step", args)
+        if session is not None:
+            session.step(self, traced, self.step_count, t0)
         self.step_count += 1
         return {k: v for r in results for k, v in r.items()}
 
@@ -236,7 +244,14 @@ class Cluster:
     def stats(self) -> list[dict[str, Any]]:
         return self._call_all("stats", {})
 
+    def clock_probe(self, i: int) -> float:
+        """Worker i's trace clock (one short round trip: graphflow/trace aligns clocks)."""
+        return float(self._call(i, "trace_clock", {}))
+
     def close(self) -> None:
+        session = tracing.current()
+        if session is not None and self.clients:
+            session.leave(self)  # hand the workers' spans over while they are still there
         for client in self.clients:
             try:
                 client.call("shutdown", timeout=min(self.timeout, 5.0))

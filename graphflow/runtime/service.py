@@ -20,6 +20,7 @@ from graphflow.runtime.worker import Worker, make_optimizer, worker_name
 if TYPE_CHECKING:
     from graphflow.replicas.link import AllReduceLink, PSLink
 from graphflow.serialize import graph_from_dict
+from graphflow.trace.recorder import EXECUTOR, Recorder, activate, bind_thread, clock, deactivate
 from graphflow.transport.endpoint import Endpoint
 from graphflow.transport.rpc import RpcServer
 
@@ -32,13 +33,19 @@ class WorkerService:
         self.worker: Worker | None = None
         self.link: PSLink | AllReduceLink | None = None
         self._ar_endpoint: Endpoint | None = None
+        self.replica: int | None = None  # the replica this worker belongs to, once attached
+        self.trace: Recorder | None = None
+        self._answered = clock()  # when the last request was answered (its reply sent)
+        self._replying: float | None = None  # when the last step's handler returned
         self.stop = threading.Event()
 
     def handlers(self) -> dict[str, Any]:
         return {"hello": self.hello, "load": self.load, "connect": self.connect,
                 "step": self.step, "get_params": self.get_params, "set_params": self.set_params,
                 "ps_attach": self.ps_attach, "ar_bind": self.ar_bind,
-                "ar_attach": self.ar_attach, "stats": self.stats, "shutdown": self.shutdown}
+                "ar_attach": self.ar_attach, "stats": self.stats, "shutdown": self.shutdown,
+                "trace_start": self.trace_start, "trace_clock": self.trace_clock,
+                "trace_take": self.trace_take}
 
     def _loaded(self) -> Worker:
         if self.worker is None:
@@ -57,6 +64,7 @@ class WorkerService:
         endpoint = Endpoint(worker_name(index), data_bind, self.context, peer_timeout)
         self.worker = Worker(index, graph_from_dict(graph), endpoint, grads,
                              make_optimizer(optimizer), peer_timeout, stages)
+        self.worker.trace = self.trace
         return endpoint.address
 
     def connect(self, peers: Mapping[str, str]) -> None:
@@ -90,6 +98,7 @@ class WorkerService:
             self.link.close()
         self.link = PSLink(w.params, client, replica, mode, n_fetch, n_push, staleness,
                            compress, retry_for)
+        self.link.trace, self.replica = self.trace, replica
         w.optimizer = self.link
 
     def ar_bind(self, rank: int, bind: str, timeout: float = 30.0) -> str:
@@ -119,11 +128,13 @@ class WorkerService:
         if updater is None:
             raise ValueError("ar_attach needs an optimizer spec")
         self.link = AllReduceLink(w.params, ar, updater)
+        self.link.trace, self.replica = self.trace, rank
         w.optimizer = self.link
 
     def step(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str], step: int,
              train: bool = True, check_numerics: bool = False, microbatches: int = 1,
              schedule: str = "1f1b") -> dict[str, np.ndarray]:
+        started = clock()
         worker, link = self._loaded(), self.link if train else None
         if link is not None:
             link.before_step(step)
@@ -131,6 +142,11 @@ class WorkerService:
                               schedule)
         if link is not None:
             link.after_step(step)
+        if (tr := self.trace) is not None:
+            # the executor's time before the step: idle, then the driver's request (and its
+            # feeds) on the way in; with the reply (`answered`) its spans tile the whole step
+            tr.add(EXECUTOR, "idle", "await step", self._answered, started, {"step": step})
+            self._replying = clock()
         return out
 
     def get_params(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
@@ -150,10 +166,50 @@ class WorkerService:
         return {"bytes_sent": w.bytes_sent, "bytes_received": w.bytes_received,
                 "sent_keys": list(w.sent_keys)}
 
+    # -- tracing (graphflow/trace): on only between trace_start and trace_take(stop=True) ----
+    def _set_trace(self, recorder: Recorder | None) -> None:
+        """Called on the executor thread (every handler runs on it): its collections too."""
+        if self.trace is not None:
+            deactivate(self.trace)
+        self.trace = recorder
+        for holder in (self.worker, self.link):
+            if holder is not None:
+                holder.trace = recorder
+        if recorder is not None:
+            activate(recorder)
+        bind_thread(recorder, EXECUTOR)
+
+    def trace_start(self) -> dict[str, Any]:
+        """Record spans from now on (a fresh recorder); this worker's replica and clock."""
+        self._set_trace(Recorder())
+        return {"replica": self.replica, "clock": clock(), "pid": os.getpid()}
+
+    def trace_clock(self) -> float:
+        """This process's trace clock (the driver aligns remote workers' spans with it)."""
+        return clock()
+
+    def trace_take(self, stop: bool = False) -> dict[str, Any]:
+        """The spans recorded since the last take (packed, see recorder.pack); with `stop`,
+        recording ends."""
+        recorder = self.trace
+        if recorder is not None:  # since the last reply (a step's, on its way to the driver)
+            recorder.add(EXECUTOR, "idle", "await request", self._answered, clock())
+        if stop:
+            self._set_trace(None)
+        return recorder.take() if recorder is not None else Recorder().take()
+
+    def answered(self) -> None:
+        """A request was answered: its reply is on the way (called by `serve`)."""
+        now = clock()
+        if self._replying is not None and (tr := self.trace) is not None:
+            tr.add(EXECUTOR, "rpc", "step reply", self._replying, now)
+        self._answered, self._replying = now, None
+
     def shutdown(self) -> None:
         self.stop.set()
 
     def close(self) -> None:
+        self._set_trace(None)
         if self.link is not None:
             self.link.close()
             self.link = None
@@ -175,7 +231,10 @@ def serve(listen: str, context: zmq.Context | None = None,
         if announce:
             print(f"graphflow worker listening on {server.address}", file=sys.stderr,
                   flush=True)
+        handlers = service.handlers()
         try:
-            server.serve_forever(service.handlers(), service.stop)
+            while not service.stop.is_set():
+                if server.handle_one(handlers, 0.1):
+                    service.answered()
         finally:
             service.close()

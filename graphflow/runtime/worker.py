@@ -24,9 +24,11 @@ from graphflow.init import initial_value
 from graphflow.ir import Graph, Node
 from graphflow.optim import OPTIMIZERS, Optimizer
 from graphflow.runtime import pipeline
+from graphflow.trace.recorder import EXECUTOR, RECV, SEND, Recorder, clock
 from graphflow.transport.endpoint import Endpoint, PeerTimeout
 
 POLL = 0.05  # seconds the helper threads wait before checking for shutdown
+UNTRACED = frozenset({"parameter", "constant"})  # no work to show
 
 
 class StepFailed(GraphflowError):
@@ -101,6 +103,7 @@ class Worker:
         self.w_inputs = list(dict.fromkeys(x for n in weights for x in n.inputs
                                            if x not in set(weights)))
         self.bytes_sent = self.bytes_received = 0
+        self.trace: Recorder | None = None  # set while a run is traced (graphflow/trace)
         self.sent_keys: list[str] = []
         self._inbox: queue.Queue[tuple[dict[str, Any], np.ndarray]] = queue.Queue()
         self._outbox: queue.Queue[tuple[str, str, np.ndarray, int] | None] = queue.Queue()
@@ -152,13 +155,20 @@ class Worker:
                     saved.append([run.values[x] for x in self.w_inputs])
                 del runs[mb]
         del saved, run  # received tensors: over inproc, a peer's send waits until they go
+        t0 = clock()
         self._flush_sends()
         out = {name: _combine(name, vs) for name, vs in got.items() if vs}
         for name, total in sums.items():  # the mean of the micro-batches' gradients
             out[name] = total / microbatches if microbatches > 1 else total
+        tr = self.trace
+        if tr is not None:
+            tr.add(EXECUTOR, "send", "send flush", t0, clock())
         if train and self.optimizer is not None:
+            t0 = clock()
             for p, g in self.grads.items():
                 self.optimizer.update(p, self.params[p], out[g])
+            if tr is not None:
+                tr.add(EXECUTOR, "update", "update", t0, clock(), {"params": len(self.grads)})
         return {name: out[name] for name in fetches}
 
     def _weight_run(self, saved: list[list[np.ndarray]]) -> _Run:
@@ -212,14 +222,27 @@ class Worker:
                     del values[x]
 
         deadline = time.monotonic() + self.timeout
+        tr = self.trace
         while done < len(nodes):
-            for meta, array in self._arrivals(tag, block=not ready, deadline=deadline,
-                                              waiting=waiting):
+            block = not ready
+            t0 = clock() if tr is not None else 0.0
+            arrived = self._arrivals(tag, block=block, deadline=deadline, waiting=waiting)
+            if tr is not None and block:  # the executor idles until a tensor comes
+                tr.add(EXECUTOR, "recv", "recv wait", t0, clock(),
+                       {"keys": [m["key"] for m, _ in arrived]})
+            for meta, array in arrived:
                 finish(waiting.pop(meta["key"]), array)
                 deadline = time.monotonic() + self.timeout
             if ready:
                 n = ready.popleft()
-                finish(n, self._compute(n, values, feeds, tag, check_numerics))
+                if tr is None or n.op in UNTRACED:
+                    finish(n, self._compute(n, values, feeds, tag, check_numerics))
+                else:
+                    t0 = clock()
+                    value = self._compute(n, values, feeds, tag, check_numerics)
+                    tr.add(EXECUTOR, "send" if n.op == "send" else "kernel", n.name, t0,
+                           clock(), {"op": n.op})
+                    finish(n, value)
 
     def _compute(self, n: Node, values: dict[Node, np.ndarray], feeds: Mapping[str, np.ndarray],
                  step: int, check_numerics: bool) -> np.ndarray:
@@ -282,7 +305,12 @@ class Worker:
             except GraphflowError:  # a bad frame: dropped, the step times out naming the key
                 continue
             if got is not None:
+                t0 = clock()
                 self._inbox.put(got)
+                if (tr := self.trace) is not None:  # marks the arrival (zmq moved the bytes)
+                    meta = got[0]
+                    tr.add(RECV, "recv", meta["key"], t0, clock(),
+                           {"from": meta["src"], "bytes": got[1].nbytes, "step": meta["step"]})
                 got = None  # don't hold the frame: the sender's zero-copy tracker waits on it
 
     def _send_loop(self) -> None:
@@ -294,7 +322,11 @@ class Worker:
                 if self._send_error is not None or self._stop.is_set():
                     continue  # a peer is gone or the worker is closing: drop the rest
                 peer, key, array, step = item
+                t0 = clock()
                 tracker = self.endpoint.send(peer, key, array, step)
+                if (tr := self.trace) is not None:
+                    tr.add(SEND, "send", key, t0, clock(),
+                           {"to": peer, "bytes": array.nbytes, "step": step})
                 if tracker is not None:
                     self._trackers.append(tracker)
                 self.bytes_sent += array.nbytes

@@ -1,0 +1,75 @@
+"""`graphflow timeline TRACE -o OUT.png`: check a trace, print where each worker's time went,
+draw the Gantt chart. The lead's cli.py adds the subcommand with `configure` and calls `run`.
+
+    parser = argparse.ArgumentParser(prog="graphflow timeline")
+    configure(parser)
+    run(parser.parse_args(["run.json", "-o", "run.png"]))
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from graphflow.trace.chrome import read
+from graphflow.trace.summary import coverage, report
+
+DESCRIPTION = ("Draw a run's trace (graphflow train --trace run.json, or a bench command's "
+               "--trace) as a PNG Gantt chart: a row per worker and thread, a bar per kernel, "
+               "send, receive and parameter-server call. Prints how much of each measured step "
+               "every worker's spans cover. The JSON itself opens in https://ui.perfetto.dev "
+               "and chrome://tracing. Drawing needs matplotlib.")
+EXAMPLE = ("example: graphflow train lc-large --parts 2 --steps 5 --trace run.json && "
+           "graphflow timeline run.json -o run.png --last-steps 2")
+
+
+def _window(text: str) -> tuple[float, float]:
+    try:
+        a, b = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FROM:TO in ms, e.g. 200:450") \
+            from None
+    if not b > a:
+        raise argparse.ArgumentTypeError(f"{text!r}: TO must be after FROM")
+    return a, b
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add `graphflow timeline`'s arguments (and its description and example) to `parser`."""
+    parser.description = parser.description or DESCRIPTION
+    parser.epilog = parser.epilog or EXAMPLE
+    parser.add_argument("trace", type=Path, help="a trace-event JSON file")
+    parser.add_argument("-o", "--output", type=Path, default=None,
+                        help="the PNG to write (default: the trace's path with .png)")
+    parser.add_argument("--last-steps", type=int, default=None, metavar="N",
+                        help="draw only the last N steps the driver timed")
+    parser.add_argument("--window", type=_window, default=None, metavar="FROM:TO",
+                        help="draw only this time range, in ms since the trace began")
+    parser.add_argument("--title", default=None, help="the chart's title")
+    parser.add_argument("--no-png", action="store_true",
+                        help="only check the trace and print the summary (no matplotlib needed)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the per-worker summary as JSON on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the trace, print its summary, draw it. Raises TraceError (a GraphflowError) for a
+    file that is not a trace, ImportError naming matplotlib when it is missing."""
+    doc = read(args.trace)
+    if args.last_steps is not None and args.last_steps < 1:
+        raise ValueError("--last-steps must be >= 1")
+    out = None
+    if not args.no_png:
+        from graphflow.trace.gantt import draw
+
+        out = draw(doc, args.output or args.trace.with_suffix(".png"),
+                   last_steps=args.last_steps, window_ms=args.window, title=args.title)
+    if args.json:
+        print(json.dumps({"trace": str(args.trace), "png": str(out) if out else None,
+                          "workers": coverage(doc)}))
+    else:
+        print(report(doc))
+        if out is not None:
+            print(f"wrote {out}")
+    return 0

@@ -1,0 +1,114 @@
+"""What a trace says in numbers: per worker, how much of each measured step its spans cover.
+
+The driver's "step" spans are the measured step times (from sending the step to the workers to
+the last reply). A worker's executor thread (the one that answers the driver) waits for the
+step's request ("await step": idle, then the request and its feeds coming in), runs the
+step's kernels, waits for its tensors ("recv wait"), updates, and replies ("step reply"), one
+span after the other, so its spans tile the step but for the bookkeeping between spans.
+`coverage` is their total over the step time; `work` leaves out the wait for the request and
+the reply (the part of the step the worker itself spent: the rest is the driver's RPC);
+`compute` counts kernels and updates only. Spans of the other threads (send, recv, PS push and
+fetch) run beside the executor and are not added in: they would count the same time twice.
+
+>>> from graphflow.trace.chrome import Track, document
+>>> doc = document([Track(0, "driver", [("main", "step", "step 0", 0.0, 0.1,
+...                                       {"cluster": 0, "step": 0})], {"role": "driver"}),
+...                 Track(1, "worker 0", [("executor", "kernel", "a", 0.0, 0.05, None),
+...                                       ("executor", "recv", "recv wait", 0.05, 0.095, None)],
+...                       {"role": "worker", "cluster": 0, "worker": 0})], t0=0.0)
+>>> [(c["process"], c["steps"], round(c["coverage"], 2)) for c in coverage(doc)]
+[('worker 0', 1, 0.95)]
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+from graphflow.trace.chrome import Event, events
+from graphflow.trace.recorder import EXECUTOR
+
+
+def step_windows(evs: list[Event]) -> dict[int, list[tuple[float, float]]]:
+    """cluster number -> its measured steps (start, end) in microseconds, in time order."""
+    out: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for e in evs:
+        if e.process == "driver" and e.cat == "step" and isinstance(e.args.get("cluster"), int):
+            out[e.args["cluster"]].append((e.ts, e.end))
+    return {c: sorted(w) for c, w in out.items()}
+
+
+def covered(spans: list[Event], start: float, end: float) -> float:
+    """Microseconds of [start, end] inside the union of `spans` (sorted by start): a span
+    nested in another (a PS push again inside a BSP barrier) is not counted twice."""
+    total, reach = 0.0, start
+    for e in spans:
+        if e.ts >= end:
+            break
+        lo, hi = max(e.ts, reach), min(e.end, end)
+        if hi > lo:
+            total += hi - lo
+            reach = hi
+    return total
+
+
+def coverage(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per worker: steps, median step and executor-span total (ms), the median ratios of the
+    span total (`coverage`), of its `work` and its `compute` to the step time, the lowest
+    coverage of a step."""
+    evs = events(doc)
+    windows = step_windows(evs)
+    procs = doc.get("otherData", {}).get("graphflow", {}).get("processes", {})
+    by_thread: dict[tuple[int, str], list[Event]] = defaultdict(list)
+    for e in evs:
+        by_thread[(e.pid, e.thread)].append(e)
+    out = []
+    for pid, info in sorted(procs.items(), key=lambda kv: int(kv[0])):
+        steps = windows.get(info.get("cluster"), []) if info.get("role") == "worker" else []
+        if not steps:
+            continue
+        spans = by_thread[(int(pid), EXECUTOR)]
+        work = [e for e in spans if e.cat not in ("idle", "rpc")]
+        compute = [e for e in spans if e.cat in ("kernel", "update")]
+        totals = [covered(spans, a, b) for a, b in steps]
+        ratios = [t / (b - a) for t, (a, b) in zip(totals, steps) if b > a]
+        out.append({"process": info.get("name", f"pid {pid}"), "steps": len(steps),
+                    "step_ms": statistics.median(b - a for a, b in steps) / 1e3,
+                    "spans_ms": statistics.median(totals) / 1e3,
+                    "coverage": statistics.median(ratios) if ratios else 0.0,
+                    "lowest": min(ratios, default=0.0),
+                    "work": _median_ratio(work, steps), "compute": _median_ratio(compute, steps)})
+    return out
+
+
+def _median_ratio(spans: list[Event], steps: list[tuple[float, float]]) -> float:
+    return statistics.median(covered(spans, a, b) / (b - a) for a, b in steps if b > a)
+
+
+def totals(doc: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """process -> category -> milliseconds of its executor-thread spans (driver: all)."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for e in events(doc):
+        if e.process == "driver" or e.thread == EXECUTOR:
+            out[e.process][e.cat] += e.dur / 1e3
+    return {p: dict(c) for p, c in out.items()}
+
+
+def report(doc: Mapping[str, Any]) -> str:
+    """A few lines for people: each worker's coverage of the steps and where its time went."""
+    lines = []
+    cats = totals(doc)
+    for c in coverage(doc):
+        where = ", ".join(f"{cat} {ms:.0f} ms" for cat, ms in
+                          sorted(cats.get(c["process"], {}).items(), key=lambda kv: -kv[1]))
+        lines.append(f"{c['process']}: executor spans {c['spans_ms']:.1f} ms of a "
+                     f"{c['step_ms']:.1f} ms step ({100 * c['coverage']:.1f}%, median of "
+                     f"{c['steps']} steps; in the worker's own work {100 * c['work']:.0f}%, "
+                     f"computing {100 * c['compute']:.0f}%); in all: {where}")
+    if not lines and "driver" in cats:  # one process: no workers, the driver ran the kernels
+        lines.append("driver (no workers): " + ", ".join(
+            f"{cat} {ms:.0f} ms" for cat, ms in sorted(cats["driver"].items(),
+                                                         key=lambda kv: -kv[1])))
+    return "\n".join(lines) or "no measured steps in this trace (no driver 'step' spans)"
