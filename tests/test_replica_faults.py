@@ -97,8 +97,10 @@ def test_synchronous_modes_go_on_after_a_shard_restart(digits, tmp_path, mode):
     survives it too (the restored clocks catch up with the next pushes)."""
     model = gf.models.digits_lc(batch=None)
     plan = partition(model.graph, 1, "spatial", loss=model.loss)
+    # (generous: on a loaded machine a shard process can take seconds to come back)
     options = ReplicaOptions(mode=mode, placement="threads", shard_placement="processes",
-                             checkpoint_dir=str(tmp_path), checkpoint_every=10, timeout=20.0)
+                             checkpoint_dir=str(tmp_path), checkpoint_every=10, timeout=60.0,
+                             bsp_deadline=25.0)
     steps = 160  # 80 per replica
     with ReplicaManager(model, plan, Adagrad(0.03), 2, 2, options) as rm:
         victim = rm.shards.pids[1]
