@@ -61,9 +61,16 @@ def deferred_weight_nodes(order: list[Node], users: dict[Node, list[Node]],
                           grad_nodes: set[Node]) -> list[Node]:
     """The backward nodes that only feed parameter gradients and can run once over the joined
     micro-batches: batch-additive ops whose outside inputs are parameters, constants or values
-    with one batch axis, ending in batch-free gradients. In `order`'s order."""
+    with one batch axis, ending in batch-free gradients. In `order`'s order.
+
+    A gradient on its way back along the data path (a batched backward value that another
+    batched backward node reads) runs per micro-batch, even where it feeds only weight
+    gradients, as in a first stage: then its work overlaps the later stages' backward passes
+    instead of waiting for the last micro-batch."""
     deferred = {n for n in order if n.op in BATCH_ADDITIVE and is_backward(n)}
     deferred -= {n for n in grad_nodes if batch_axis(n) is not None}
+    deferred -= {n for n in deferred if batch_axis(n) is not None and any(
+        is_backward(u) and batch_axis(u) is not None for u in users[n])}
 
     def stays(n: Node) -> bool:
         joinable = all(x in deferred or x.op in ("parameter", "constant")

@@ -159,7 +159,11 @@ class Worker:
         self._flush_sends()
         out = {name: _combine(name, vs) for name, vs in got.items() if vs}
         for name, total in sums.items():  # the mean of the micro-batches' gradients
-            out[name] = total / microbatches if microbatches > 1 else total
+            if microbatches > 1 and total.flags.writeable:  # in place: no 100 MB temporaries
+                total *= np.float32(1 / microbatches)
+            elif microbatches > 1:
+                total = total / microbatches
+            out[name] = total
         tr = self.trace
         if tr is not None:
             tr.add(EXECUTOR, "send", "send flush", t0, clock())
