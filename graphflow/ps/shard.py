@@ -24,7 +24,6 @@ import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ import numpy as np
 from graphflow.errors import GraphflowError
 from graphflow.optim import Optimizer
 from graphflow.ps import checkpoint as ckpt
+from graphflow.ps.barrier import BspBarrier, BspStep
 from graphflow.ps.vectors import VectorOps
 from graphflow.runtime.worker import make_optimizer
 
@@ -48,17 +48,7 @@ class ShardError(GraphflowError):
     """A request a shard cannot serve (unknown key, wrong size, not initialised...)."""
 
 
-@dataclass
-class _BspStep:
-    """Gradients of one bsp step held until every live replica has pushed it, per key."""
-
-    started: float
-    sums: dict[str, np.ndarray] = field(default_factory=dict)
-    pushed: dict[str, set[int]] = field(default_factory=dict)
-    version: int = 0  # what the replicas wait for once it is applied (0: one more)
-
-
-class Shard(VectorOps):
+class Shard(VectorOps, BspBarrier):
     """The state of shard `index` and its handlers (`handlers()`: method name -> callable).
 
     With `checkpoint_dir`, the newest checkpoint of this index found there is loaded at once,
@@ -87,7 +77,7 @@ class Shard(VectorOps):
         self.staleness: int | None = None
         self.bsp_deadline = 30.0
         self.clock_log: deque[list[Any]] = deque(maxlen=CLOCK_LOG_MAX)
-        self.pending: dict[int, _BspStep] = {}
+        self.pending: dict[int, BspStep] = {}
         self.counts = {"updates": 0, "duplicates": 0, "checkpoints": 0}
         self.restored_from: Path | None = None
         self.stopping = False
@@ -173,62 +163,6 @@ class Shard(VectorOps):
         self.counts["duplicates"] += len(flat) - applied
         return {"applied": applied > 0, "duplicate": bool(flat) and applied == 0}
 
-    def _push_bsp(self, replica: int, step: int, grads: dict[str, np.ndarray],
-                  version: int = 0) -> dict[str, Any]:
-        if replica not in self.live:
-            what = "dropped" if replica in self.replicas else "unknown (not given to init)"
-            log.warning("shard %d: bsp step %d: push from %s replica %d ignored",
-                        self.index, step, what, replica)
-            return {"applied": False, "duplicate": False, "dropped": True}
-        self._forget_stale_bsp(replica, step, grads)
-        held = self.pending.get(step)
-        fresh = 0
-        for key, g in grads.items():
-            if self._seen(key, replica, step) or (
-                    held is not None and replica in held.pushed.get(key, ())):
-                continue
-            if held is None:
-                held = self.pending[step] = _BspStep(time.monotonic())
-            if key in held.sums:
-                held.sums[key] += g
-            else:
-                held.sums[key] = np.array(g, dtype=np.float32)
-            held.pushed.setdefault(key, set()).add(replica)
-            held.version = max(held.version, version)
-            fresh += 1
-        self.counts["duplicates"] += len(grads) - fresh
-        applied = self._complete_bsp()
-        return {"applied": applied > 0, "duplicate": bool(grads) and fresh == 0}
-
-    def _complete_bsp(self) -> int:
-        """Apply every held bsp (step, key) that every live replica has pushed."""
-        done = 0
-        for step in sorted(self.pending):
-            held = self.pending[step]
-            for key in [k for k, who in held.pushed.items() if self.live <= who]:
-                who = held.pushed.pop(key)
-                self._apply(key, held.sums.pop(key) / np.float32(len(who)))
-                self.versions[key] = max(self.versions[key], held.version)
-                for r in who:
-                    self.last_step.setdefault(key, {})[r] = step
-                done += 1
-            if not held.pushed:
-                del self.pending[step]
-        return done
-
-    def _forget_stale_bsp(self, replica: int, step: int, keys: Collection[str]) -> None:
-        """Drop held slices of earlier steps that `replica` never pushed: it can only have
-        moved past them if they were applied and then lost to a restart from a checkpoint."""
-        for s in [s for s in self.pending if s < step]:
-            held = self.pending[s]
-            for key in [k for k in keys if replica not in held.pushed.get(k, {replica})]:
-                del held.pushed[key], held.sums[key]
-                log.warning("shard %d: bsp step %d of %s dropped: replica %d is at step %d "
-                            "(applied before this shard's restart)", self.index, s, key,
-                            replica, step)
-            if not held.pushed:
-                del self.pending[s]
-
     def _seen(self, key: str, replica: int, step: int) -> bool:
         return self.last_step.get(key, {}).get(replica, step - 1) >= step
 
@@ -301,15 +235,7 @@ class Shard(VectorOps):
     def tick(self, now: float | None = None) -> None:
         """Periodic work between requests: bsp deadlines, automatic checkpoints."""
         now = time.monotonic() if now is None else now
-        for step, held in list(self.pending.items()):
-            if now - held.started <= self.bsp_deadline:
-                continue
-            missed = {r for r in self.live for who in held.pushed.values() if r not in who}
-            for r in sorted(missed):
-                self.live.discard(r)
-                log.warning("shard %d: bsp step %d: dropped replica %d (no push within %gs)",
-                            self.index, step, r, self.bsp_deadline)
-            self._complete_bsp()
+        self._bsp_deadlines(now)
         self.flush()
         if self.checkpoint_dir is None or not self._changes:
             return
@@ -349,7 +275,7 @@ class Shard(VectorOps):
             setattr(self, name, st[name])
         self.counts.update(st["counts"], checkpoints=0)
         now = time.monotonic()  # restarted: every held bsp step gets a full deadline again
-        self.pending = {s: _BspStep(now, sums, pushed, version)
+        self.pending = {s: BspStep(now, sums, pushed, version)
                         for s, sums, pushed, version in st["pending"]}
 
     def stats(self) -> dict[str, Any]:
