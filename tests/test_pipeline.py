@@ -4,7 +4,13 @@ import pytest
 
 import graphflow as gf
 from graphflow.partitioners import partition
-from graphflow.runtime.pipeline import ALL, check_linear, deferred_weight_nodes, schedule
+from graphflow.runtime.pipeline import (
+    ALL,
+    check_linear,
+    deferred_weight_nodes,
+    schedule,
+    users_of,
+)
 
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
@@ -60,10 +66,7 @@ def _deferred(model, parts=2):
     out = []
     for w in plan.workers:
         order = w.graph.toposort()
-        users = {n: [] for n in order}
-        for n in order:
-            for x in n.inputs:
-                users[x].append(n)
+        users = users_of(order)
         grads = {w.graph[g] for p, g in plan.grads.items() if g in w.graph}
         out.append((order, deferred_weight_nodes(order, users, grads), grads))
     return out
@@ -82,10 +85,7 @@ def test_weight_gradients_are_deferred_but_nothing_a_send_or_input_gradient_need
 
 def _deferred_in(g, grads):
     order = g.toposort()
-    users = {n: [] for n in order}
-    for n in order:
-        for i in n.inputs:
-            users[i].append(n)
+    users = users_of(order)
     return [n.name for n in deferred_weight_nodes(order, users, set(grads))]
 
 

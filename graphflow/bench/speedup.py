@@ -33,6 +33,7 @@ from graphflow.models import Model
 from graphflow.partitioners import STRATEGIES, Plan, partition
 from graphflow.progress import Progress
 from graphflow.runtime.cluster import Cluster
+from graphflow.runtime.pipeline import deferred_weight_nodes, users_of
 from graphflow.trace import recording
 
 WORKLOADS = ("lc-large", "speech-mlp", "digits-lc")
@@ -239,11 +240,33 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
             link: Link | None = None) -> float:
     """The cost model's step seconds for `plan` (kernels of its graph calibrated first; the
     link is the calibrated local one unless given). Pipelined: one micro-batch's step plus
-    (microbatches - 1) times the busiest stage's micro-batch work (fill, then steady state)."""
+    (microbatches - 1) times the busiest stage's micro-batch work (fill, then steady state),
+    where the weight-gradient work runs once at the end over the whole batch (the W phase,
+    stages side by side) rather than once per micro-batch."""
     mb = batch // microbatches
     cm = CostModel.calibrate(plan.graph, mb, repeats)
     p = cm.predict(plan.graph, plan.placement, mb, link=link)
-    return p.step_seconds + (microbatches - 1) * max(p.busy, default=0.0)
+    if microbatches == 1:
+        return p.step_seconds
+    whole = CostModel.calibrate(plan.graph, batch, repeats)
+    w_mb, w_whole = [0.0] * plan.parts, [0.0] * plan.parts
+    for name, w in weight_phase(plan).items():
+        w_mb[w] += cm.node_seconds(plan.graph[name], mb)
+        w_whole[w] += whole.node_seconds(plan.graph[name], batch)
+    busy = [b - x for b, x in zip(p.busy, w_mb)]
+    return (p.step_seconds - max(w_mb) + (microbatches - 1) * max(busy, default=0.0)
+            + max(w_whole))
+
+
+def weight_phase(plan: Plan) -> dict[str, int]:
+    """node name -> worker, for the nodes a pipelined worker leaves to its W phase."""
+    out: dict[str, int] = {}
+    for w in plan.workers:
+        order = w.graph.toposort()
+        grads = {w.graph[g] for g in plan.grads.values() if g in w.graph}
+        out.update({n.name: w.index for n in deferred_weight_nodes(order, users_of(order), grads)
+                    if n.name in plan.graph})
+    return out
 
 
 def predict_curve(model: Model, strategy: str, microbatches: int, args: argparse.Namespace,

@@ -86,10 +86,7 @@ class Worker:
         # parameter -> its gradient node, for the parameters this worker holds
         self.grads = {p: g for p, g in grads.items() if p in self.params}
         self.order = graph.toposort()
-        self.users: dict[Node, list[Node]] = {n: [] for n in self.order}
-        for n in self.order:
-            for x in n.inputs:
-                self.users[x].append(n)
+        self.users = pipeline.users_of(self.order)
         self.recvs = {n.attrs["key"]: n for n in self.order if n.op == "recv"}
         self.grad_nodes = set(self.grads.values())
         self.stages = stages
