@@ -17,6 +17,7 @@ True
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -55,6 +56,34 @@ def read_cluster_file(path: str) -> list[str]:
     if bad:
         raise ValueError(f"{path}: worker address {bad[0]!r} is not tcp://HOST:PORT")
     return workers
+
+
+THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+
+def core_share(workers: int) -> int:
+    """Threads each of `workers` local workers may use: more threads than cores (BLAS's own
+    pool in every worker) slow them all down."""
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def worker_env(workers: int) -> dict[str, str]:
+    """The environment of a local worker process: its share of the cores for BLAS and Numba
+    threads, unless the user set a thread count."""
+    return {**dict.fromkeys(THREAD_VARS, str(core_share(workers))), **os.environ}
+
+
+def limit_blas_threads(workers: int) -> Any:
+    """Worker threads share this process's BLAS pools: limit them to one worker's share of
+    the cores (threadpoolctl, where installed) until `.restore_original_limits()`."""
+    if workers < 2 or any(v in os.environ for v in THREAD_VARS):
+        return None
+    try:
+        import scipy.linalg.cython_blas  # noqa: F401 - loads the BLAS the kernels' np.dot calls
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return None
+    return threadpool_limits(core_share(workers), user_api="blas")
 
 
 def reply_grace(timeout: float) -> float:
@@ -101,6 +130,7 @@ class Cluster:
         self._run = uuid.uuid4().hex[:8]
         self._tmp = tempfile.mkdtemp(prefix="graphflow-") if mode == "processes" else None
         self._threads: list[threading.Thread] = []
+        self._blas_limit = limit_blas_threads(plan.parts) if mode == "threads" else None
         self._procs: list[subprocess.Popen[bytes]] = []
         self._pool = ThreadPoolExecutor(max(plan.parts, 1))
         self.step_count = 0
@@ -143,7 +173,7 @@ class Cluster:
                 address = f"ipc://{self._tmp}/control{i}"
                 self._procs.append(subprocess.Popen(
                     [sys.executable, "-m", "graphflow.cli", "worker", "--listen", address],
-                    stderr=subprocess.DEVNULL))
+                    stderr=subprocess.DEVNULL, env=worker_env(self.plan.parts)))
             addresses.append(address)
         return addresses
 
@@ -267,6 +297,9 @@ class Cluster:
                 p.kill()
                 p.wait()
         self._pool.shutdown(wait=False)
+        if self._blas_limit is not None:
+            self._blas_limit.restore_original_limits()
+            self._blas_limit = None
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
