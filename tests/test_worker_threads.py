@@ -33,10 +33,13 @@ def blas():
 before = blas()
 m = gf.models.digits_lc()
 plan = gf.partition(m.graph, 2, "spatial", loss=m.loss)
-with Cluster(plan, mode="threads") as c:
-    c.gradients({"x": np.zeros((4, 1, 32, 32), np.float32), "y": np.zeros(4, np.int32)})
-    inside = blas()
-print(inside == {core_share(2)}, blas() == before)  # restored on close
+first, second = Cluster(plan, mode="threads"), Cluster(plan, mode="threads")  # two replicas
+first.gradients({"x": np.zeros((4, 1, 32, 32), np.float32), "y": np.zeros(4, np.int32)})
+inside = blas()
+first.close()  # closed in the order they started: the limit holds until the last one
+between = blas()
+second.close()
+print(inside == between == {core_share(2)}, blas() == before)
 """
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,

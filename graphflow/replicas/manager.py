@@ -174,7 +174,8 @@ class ReplicaManager:
         self.clusters = []
         for r in range(self.replicas):  # (appended one by one: close() stops those started)
             hosts = o.hosts[r * parts:(r + 1) * parts] if o.hosts else None
-            self.clusters.append(Cluster(self.plan, o.placement, hosts, timeout=o.timeout))
+            self.clusters.append(Cluster(self.plan, o.placement, hosts, timeout=o.timeout,
+                                         local_workers=self.replicas * parts))
         if o.mode == "allreduce":
             self._attach_allreduce()
             return

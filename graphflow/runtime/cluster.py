@@ -73,17 +73,47 @@ def worker_env(workers: int) -> dict[str, str]:
     return {**dict.fromkeys(THREAD_VARS, str(core_share(workers))), **os.environ}
 
 
-def limit_blas_threads(workers: int) -> Any:
-    """Worker threads share this process's BLAS pools: limit them to one worker's share of
-    the cores (threadpoolctl, where installed) until `.restore_original_limits()`."""
-    if workers < 2 or any(v in os.environ for v in THREAD_VARS):
-        return None
-    try:
-        import scipy.linalg.cython_blas  # noqa: F401 - loads the BLAS the kernels' np.dot calls
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return None
-    return threadpool_limits(core_share(workers), user_api="blas")
+class _BlasLimit:
+    """Worker threads share this process's BLAS pools: while any cluster of worker threads
+    lives, limit the pools to the smallest share of the cores one asked for (threadpoolctl,
+    where installed; not when the user set a thread count). The last one out restores them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: list[int] = []
+        self._original: Any = None
+
+    def acquire(self, workers: int) -> bool:
+        if workers < 2 or any(v in os.environ for v in THREAD_VARS):
+            return False
+        try:
+            import scipy.linalg.cython_blas  # noqa: F401 - loads the BLAS np.dot in kernels calls
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            return False
+        with self._lock:
+            controller = ThreadpoolController()
+            if not self._held:
+                self._original = controller.info()
+            self._held.append(core_share(workers))
+            controller.limit(limits=min(self._held), user_api="blas")
+        return True
+
+    def release(self, workers: int) -> None:
+        from threadpoolctl import ThreadpoolController
+
+        with self._lock:
+            self._held.remove(core_share(workers))
+            controller = ThreadpoolController()
+            if self._held:
+                controller.limit(limits=min(self._held), user_api="blas")
+                return
+            for lib in self._original or []:
+                controller.select(filepath=lib["filepath"]).limit(limits=lib["num_threads"])
+            self._original = None
+
+
+BLAS_LIMIT = _BlasLimit()
 
 
 def reply_grace(timeout: float) -> float:
@@ -103,11 +133,14 @@ class Cluster:
     """Runs `plan` on its workers. `optimizer` ({"name": "sgd", "lr": 0.1}) updates each
     worker's parameters in place after every `step`; `timeout` bounds every wait. With
     `microbatches` > 1 each batch is cut into that many micro-batches that flow through a
-    layerwise plan's stages in `schedule` order ("gpipe" or "1f1b"), gradients averaged."""
+    layerwise plan's stages in `schedule` order ("gpipe" or "1f1b"), gradients averaged.
+    `local_workers` (default: the plan's parts) is how many workers of this and other
+    clusters share this machine's cores; each local worker gets its share of BLAS threads."""
 
     def __init__(self, plan: Plan, mode: str = "threads", hosts: Sequence[str] | None = None,
                  optimizer: Mapping[str, Any] | None = None, timeout: float = 30.0,
-                 microbatches: int = 1, schedule: str = "1f1b") -> None:
+                 microbatches: int = 1, schedule: str = "1f1b",
+                 local_workers: int | None = None) -> None:
         if mode not in ("threads", "processes", "remote"):
             raise ValueError(f"unknown mode '{mode}': threads, processes or remote")
         if hosts is not None:
@@ -130,7 +163,9 @@ class Cluster:
         self._run = uuid.uuid4().hex[:8]
         self._tmp = tempfile.mkdtemp(prefix="graphflow-") if mode == "processes" else None
         self._threads: list[threading.Thread] = []
-        self._blas_limit = limit_blas_threads(plan.parts) if mode == "threads" else None
+        # the workers of every cluster here share the cores (replicas: replicas x parts)
+        self.local_workers = local_workers or plan.parts
+        self._blas_limited = mode == "threads" and BLAS_LIMIT.acquire(self.local_workers)
         self._procs: list[subprocess.Popen[bytes]] = []
         self._pool = ThreadPoolExecutor(max(plan.parts, 1))
         self.step_count = 0
@@ -173,7 +208,7 @@ class Cluster:
                 address = f"ipc://{self._tmp}/control{i}"
                 self._procs.append(subprocess.Popen(
                     [sys.executable, "-m", "graphflow.cli", "worker", "--listen", address],
-                    stderr=subprocess.DEVNULL, env=worker_env(self.plan.parts)))
+                    stderr=subprocess.DEVNULL, env=worker_env(self.local_workers)))
             addresses.append(address)
         return addresses
 
@@ -297,9 +332,9 @@ class Cluster:
                 p.kill()
                 p.wait()
         self._pool.shutdown(wait=False)
-        if self._blas_limit is not None:
-            self._blas_limit.restore_original_limits()
-            self._blas_limit = None
+        if self._blas_limited:
+            BLAS_LIMIT.release(self.local_workers)
+            self._blas_limited = False
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
