@@ -87,6 +87,7 @@ class Worker:
         self.grads = {p: g for p, g in grads.items() if p in self.params}
         self.order = graph.toposort()
         self.users = pipeline.users_of(self.order)
+        self.urgent = _feeding_sends(self.order)
         self.recvs = {n.attrs["key"]: n for n in self.order if n.op == "recv"}
         self.grad_nodes = set(self.grads.values())
         self.stages = stages
@@ -204,7 +205,10 @@ class Worker:
         members = set(nodes)
         values = run.values
         remaining = {n: sum(x not in values for x in n.inputs) for n in nodes}
-        ready = deque(n for n in nodes if remaining[n] == 0 and n.op != "recv")
+        # a peer may be waiting on a send: sends first, then what leads to one, then the rest
+        urgent = deque(n for n in nodes if remaining[n] == 0 and n in self.urgent)
+        ready = deque(n for n in nodes if remaining[n] == 0 and n.op != "recv"
+                      and n not in self.urgent)
         waiting = {k: n for k, n in self.recvs.items() if n in members}
         done = 0
 
@@ -215,8 +219,11 @@ class Worker:
             for u in self.users[n]:
                 if u in members:
                     remaining[u] -= 1
-                    if remaining[u] == 0:  # a send goes first: a peer may be waiting on it
-                        (ready.appendleft if u.op == "send" else ready.append)(u)
+                    if remaining[u] == 0:
+                        if u.op == "send":
+                            urgent.appendleft(u)
+                        else:
+                            (urgent if u in self.urgent else ready).append(u)
             for x in n.inputs:  # free inputs nobody else needs
                 run.pending_users[x] -= 1
                 if run.pending_users[x] == 0 and x.name not in keep and x.op != "parameter":
@@ -225,7 +232,7 @@ class Worker:
         deadline = time.monotonic() + self.timeout
         tr = self.trace
         while done < len(nodes):
-            block = not ready
+            block = not ready and not urgent
             t0 = clock() if tr is not None else 0.0
             arrived = self._arrivals(tag, block=block, deadline=deadline, waiting=waiting)
             if tr is not None and block:  # the executor idles until a tensor comes
@@ -234,8 +241,8 @@ class Worker:
             for meta, array in arrived:
                 finish(waiting.pop(meta["key"]), array)
                 deadline = time.monotonic() + self.timeout
-            if ready:
-                n = ready.popleft()
+            if ready or urgent:
+                n = urgent.popleft() if urgent else ready.popleft()
                 if tr is None or n.op in UNTRACED:
                     finish(n, self._compute(n, values, feeds, tag, check_numerics))
                 else:
@@ -355,3 +362,17 @@ def make_optimizer(spec: Mapping[str, Any] | None) -> Optimizer | None:
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer '{name}'; known: {', '.join(OPTIMIZERS)}")
     return OPTIMIZERS[name](**args)
+
+
+def _feeding_sends(order: list[Node]) -> set[Node]:
+    """The sends of a subgraph and every node a send depends on (recvs excepted: they are
+    not run, they arrive)."""
+    needed: set[Node] = set()
+    stack = [n for n in order if n.op == "send"]
+    while stack:
+        n = stack.pop()
+        if n in needed or n.op == "recv":
+            continue
+        needed.add(n)
+        stack.extend(n.inputs)
+    return needed
