@@ -49,7 +49,7 @@ def chromium():
     path = shutil.which("chromium")
     if path is None:
         if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("apt-get"):
-            pytest.skip("headless Chromium is not installed and cannot be installed here "
+            pytest.skip(reason="headless Chromium is not installed and cannot be installed here "
                         "(needs root and apt-get: apt-get install chromium)")
         try:
             why = _apt_install()
@@ -57,7 +57,7 @@ def chromium():
             why = f"apt-get took over {INSTALL_SECONDS} s"
         path = shutil.which("chromium")
         if path is None:
-            pytest.skip(f"could not install Debian's chromium package: {why}")
+            pytest.skip(reason=f"could not install Debian's chromium package: {why}")
     return path
 
 

@@ -17,9 +17,10 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from graphflow.runtime.cluster import THREAD_VARS
+
 # NUMBA_NUM_THREADS is left alone: numba re-reads the environment whenever it compiles and
 # refuses a new value once its thread pool runs (our kernels are not parallel anyway).
-THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 @contextmanager
@@ -42,6 +43,13 @@ def single_threaded() -> Iterator[None]:
                 os.environ.pop(var, None)
             else:
                 os.environ[var] = value
+
+
+def add_trace_option(p: argparse.ArgumentParser) -> None:
+    """`--trace FILE`, the same on every suite."""
+    p.add_argument("--trace", type=Path, default=None, metavar="FILE",
+                   help="write the run's timeline there (Chrome trace-event JSON; draw it "
+                        "with `graphflow timeline FILE`)")
 
 
 def csv_choices(allowed: Sequence[str]) -> Callable[[str], list[str]]:

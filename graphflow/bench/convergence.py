@@ -18,7 +18,13 @@ from typing import Any
 import numpy as np
 
 from graphflow import datasets, models
-from graphflow.bench import csv_choices, format_table, machine_info, single_threaded
+from graphflow.bench import (
+    add_trace_option,
+    csv_choices,
+    format_table,
+    machine_info,
+    single_threaded,
+)
 from graphflow.optim import SGD, Adagrad, Optimizer
 from graphflow.partitioners import partition
 from graphflow.progress import Progress
@@ -56,9 +62,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=Path("benchmarks/results/convergence.json"))
     p.add_argument("--png", type=Path, default=Path("benchmarks/results/convergence.png"))
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
-    p.add_argument("--trace", type=Path, default=None, metavar="FILE",
-                   help="write the run's timeline there (Chrome trace-event JSON; draw it "
-                        "with `graphflow timeline FILE`)")
+    add_trace_option(p)
     p.add_argument("--quick", action="store_true", help="tiny settings (for tests)")
     return p
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from graphflow.bench import format_table, machine_info, single_threaded
+from graphflow.bench import add_trace_option, format_table, machine_info, single_threaded
 from graphflow.progress import Progress
 from graphflow.ps import Layout, PSClient, ShardProcess, start_shard_process
 from graphflow.trace import current, recording
@@ -71,9 +71,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=Path("benchmarks/results/ps.json"),
                    help="every rate and the machine (%(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
-    p.add_argument("--trace", type=Path, default=None, metavar="FILE",
-                   help="write the run's timeline there (Chrome trace-event JSON; draw it "
-                        "with `graphflow timeline FILE`)")
+    add_trace_option(p)
     p.add_argument("--quick", action="store_true",
                    help="tiny settings (2 rounds of 10 pushes, shards 1,2): for tests")
     return p

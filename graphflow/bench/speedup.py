@@ -26,7 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from graphflow.bench import csv_choices, csv_counts, format_table, machine_info, single_threaded
+from graphflow.bench import (
+    add_trace_option,
+    csv_choices,
+    csv_counts,
+    format_table,
+    machine_info,
+    single_threaded,
+)
 from graphflow.costmodel import SOURCE_OPS, CostModel, Link
 from graphflow.models import WORKLOADS as BUILDERS
 from graphflow.models import Model
@@ -85,9 +92,7 @@ def parser() -> argparse.ArgumentParser:
                    help="reuse cached kernel timings (default: time them again in this run, "
                         "so predictions and measurements see the same machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
-    p.add_argument("--trace", type=Path, default=None, metavar="FILE",
-                   help="write the run's timeline there (Chrome trace-event JSON; draw it "
-                        "with `graphflow timeline FILE`)")
+    add_trace_option(p)
     p.add_argument("--quick", action="store_true",
                    help="tiny settings (batch 8, 1 step, predictions to 4 machines): for tests")
     return p

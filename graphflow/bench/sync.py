@@ -20,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from graphflow.bench import csv_counts, format_table, machine_info, single_threaded
+from graphflow.bench import (
+    add_trace_option,
+    csv_counts,
+    format_table,
+    machine_info,
+    single_threaded,
+)
 from graphflow.ps.client import PSClient
 from graphflow.ps.layout import Layout
 from graphflow.ps.server import ShardThread
@@ -43,9 +49,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=15, help="timed exchanges per point (15)")
     p.add_argument("--json", type=Path, default=Path("benchmarks/results/sync.json"))
     p.add_argument("--png", type=Path, default=Path("benchmarks/results/sync.png"))
-    p.add_argument("--trace", type=Path, default=None, metavar="FILE",
-                   help="write the run's timeline there (Chrome trace-event JSON; draw it "
-                        "with `graphflow timeline FILE`)")
+    add_trace_option(p)
     p.add_argument("--quick", action="store_true", help="tiny settings (for tests)")
     return p
 
