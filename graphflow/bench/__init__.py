@@ -17,7 +17,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from graphflow.runtime.cluster import THREAD_VARS
+from graphflow.runtime.cluster import BLAS_THREAD_VARS
 
 # NUMBA_NUM_THREADS is left alone: numba re-reads the environment whenever it compiles and
 # refuses a new value once its thread pool runs (our kernels are not parallel anyway).
@@ -27,8 +27,8 @@ from graphflow.runtime.cluster import THREAD_VARS
 def single_threaded() -> Iterator[None]:
     """One BLAS / OpenMP thread here and in every worker process started inside (they
     inherit the environment); restores the previous settings on exit."""
-    saved = {v: os.environ.get(v) for v in THREAD_VARS}
-    os.environ.update(dict.fromkeys(THREAD_VARS, "1"))
+    saved = {v: os.environ.get(v) for v in BLAS_THREAD_VARS}
+    os.environ.update(dict.fromkeys(BLAS_THREAD_VARS, "1"))
     try:
         from threadpoolctl import threadpool_limits  # numpy / scipy BLAS already loaded here
         limits: Any = threadpool_limits(1)
@@ -90,7 +90,7 @@ def machine_info() -> dict[str, Any]:
             "python": platform.python_version(), "cpu_model": cpu, "cpu_count": os.cpu_count(),
             "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
             "numpy": np.__version__, "numba": numba.__version__,
-            "threads": {v: os.environ.get(v) for v in THREAD_VARS}}
+            "threads": {v: os.environ.get(v) for v in BLAS_THREAD_VARS}}
 
 
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]],

@@ -58,7 +58,10 @@ def read_cluster_file(path: str) -> list[str]:
     return workers
 
 
-THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# (Numba reads its own at import and refuses a change once its threads run: set it only in
+# the environment of a process about to start)
+THREAD_VARS = (*BLAS_THREAD_VARS, "NUMBA_NUM_THREADS")
 
 
 def core_share(workers: int) -> int:
@@ -84,7 +87,7 @@ class _BlasLimit:
         self._original: Any = None
 
     def acquire(self, workers: int) -> bool:
-        if workers < 2 or any(v in os.environ for v in THREAD_VARS):
+        if workers < 2 or any(v in os.environ for v in BLAS_THREAD_VARS):
             return False
         try:
             import scipy.linalg.cython_blas  # noqa: F401 - loads the BLAS np.dot in kernels calls
