@@ -296,7 +296,7 @@ class _Rewriter:
         if not isinstance(v, Split):
             whole = self.whole(x, worker)
             if _replicable(whole):
-                return cut(self.replicate(whole, worker), lo, hi, worker, f"in{worker}")
+                return self.rows_of(whole, axis, lo, hi, worker, name)
             return cut(whole, lo, hi, worker_index(whole.device), f"in{worker}")
         pieces = []
         for i, (blo, bhi) in enumerate(v.bounds):
@@ -308,6 +308,23 @@ class _Rewriter:
         if len(pieces) == 1:
             return pieces[0]
         return self.on(worker, "concat", *pieces, name=f"{name}/in{worker}", axis=axis)
+
+    def rows_of(self, n: Node, axis: int, lo: int, hi: int, worker: int, name: str) -> Node:
+        """Rows [lo, hi) along `axis` of a replicable node, computed on `worker` from the same
+        rows of its input: the slice moves up to the placeholder, so that no worker spends
+        time on the whole input (its layout transpose, say)."""
+        if n.op in REPLICATED and n.ndim <= axis:  # a scalar constant: every row's
+            return n
+        label = f"{n.name}/rows{lo}to{hi}on{worker}"  # (two layers may read the same rows)
+        if label in self.out:
+            return self.out[label]
+        if n.op in REPLICATED:  # (named after the layer that reads the rows)
+            return self.on(worker, "slice", n, name=f"{name}/in{worker}",
+                           begin=tuple(lo if d == axis else 0 for d in range(n.ndim)),
+                           end=tuple(hi if d == axis else None for d in range(n.ndim)))
+        src_axis = n.attrs["axes"][axis] if n.op == "transpose" else axis
+        rows = self.rows_of(n.inputs[0], src_axis, lo, hi, worker, name)
+        return self.on(worker, n.op, rows, name=label, **n.attrs)
 
     def replicate(self, n: Node, worker: int) -> Node:
         """A copy on `worker` of a node computed only from placeholders/constants (cheap, e.g.

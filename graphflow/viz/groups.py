@@ -17,7 +17,7 @@ from collections.abc import Collection
 
 GRAD = "grad/"
 # Suffixes the spatial partitioner appends to the node it splits (see partitioners/spatial.py).
-_PIECE = re.compile(r"/(?:(?:part|in|pad|sum|on)\d+|rows\d+to\d+|gathered)$")
+_PIECE = re.compile(r"/(?:(?:part|in|pad|sum|on)\d+|rows\d+to\d+(?:on\d+)?|gathered)$")
 
 
 def is_backward(name: str) -> bool:
