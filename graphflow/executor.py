@@ -118,7 +118,7 @@ class Session:
                  wanted: list[Node]) -> dict[Node, np.ndarray]:
         values: dict[Node, np.ndarray] = {}
         traced = trace.current()  # a run being recorded: each kernel becomes a span
-        thread = threading.current_thread().name
+        thread = threading.current_thread().name if traced is not None else ""
         for node, dead in zip(plan.order, plan.frees, strict=True):
             if node in fed:
                 values[node] = checked_value(node, fed[node])

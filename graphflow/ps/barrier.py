@@ -101,7 +101,6 @@ class BspBarrier:
             if not held.pushed:
                 del self.pending[s]
 
-
     def _bsp_deadlines(self, now: float) -> None:
         """Drop the live replicas that have not pushed a held step within `bsp_deadline`."""
         for step, held in list(self.pending.items()):

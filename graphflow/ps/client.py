@@ -58,6 +58,7 @@ class PSClient:
         self.retries = 0
         self._uid, self._ops = uuid.uuid4().hex[:12], 0
         self.versions: dict[str, int] = {}  # of the slices last fetched
+        self.boots: dict[int, str] = {}  # shard -> the process that answered the last fetch
         self._ctx = context
         self._rpc = {s: self._connect(s) for s in self.shards}
         self._pool = ThreadPoolExecutor(len(self.shards), thread_name_prefix="psclient") \
@@ -127,6 +128,7 @@ class PSClient:
         while True:
             out = self._fan("fetch", {s: {"keys": self.keys[s], "min_version": min_version}
                                       for s in todo})
+            self.boots.update({s: r["boot"] for s, r in out.items() if "boot" in r})
             got.update({s: r for s, r in out.items() if not r.get("wait")})
             todo = [s for s in todo if s not in got]
             if not todo:

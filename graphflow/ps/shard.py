@@ -80,6 +80,7 @@ class Shard(VectorOps, BspBarrier):
         self.pending: dict[int, BspStep] = {}
         self.counts = {"updates": 0, "duplicates": 0, "checkpoints": 0}
         self.restored_from: Path | None = None
+        self.boot = os.urandom(6).hex()
         self.stopping = False
         self.defer_updates = False  # set by the server: apply after the reply went out
         self._deferred: list[tuple[str, np.ndarray]] = []
@@ -130,14 +131,15 @@ class Shard(VectorOps, BspBarrier):
     def fetch(self, keys: Collection[str] | None = None, min_version: int = 0,
               ) -> dict[str, Any]:
         """{"values", "versions"} of `keys` (default all), or {"wait": True} while any of
-        them is older than `min_version`."""
+        them is older than `min_version`; either with "boot", this process's id (a client
+        sees a restart by it)."""
         self.flush()
         keys = list(self.params) if keys is None else list(keys)
         self._check_keys(keys)
         if any(self.versions[k] < min_version for k in keys):
-            return {"wait": True}
+            return {"wait": True, "boot": self.boot}
         return {"values": {k: self.params[k] for k in keys},
-                "versions": {k: self.versions[k] for k in keys}}
+                "versions": {k: self.versions[k] for k in keys}, "boot": self.boot}
 
     def push(self, replica: int, step: int, grads: Mapping[str, Any],
              mode: str = "async", version: int = 0) -> dict[str, Any]:

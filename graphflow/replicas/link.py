@@ -8,9 +8,8 @@ fetched back. How and when depends on the consistency mode:
   `n_fetch` steps, each on its own thread, so compute never waits for the network; fetched
   values are installed between steps.
 - `bsp`: push every step, then wait until the shards have applied the step's averaged update
-  (every live replica pushed) and fetch it. While it waits it pushes the step again every
-  `REPUSH_AFTER` s (a shard drops a repeat): a shard restarted from a checkpoint has lost the
-  first one.
+  (every live replica pushed) and fetch it. A shard restarted from a checkpoint meanwhile
+  (its fetch replies name another process) has lost the push: the step goes to it again.
 - `ssp`: push and fetch every step; before a step, wait while this replica is more than
   `staleness` clocks ahead of the slowest live one.
 
@@ -41,7 +40,7 @@ from graphflow.trace.recorder import EXECUTOR, PS_FETCH, PS_PUSH, Recorder, cloc
 log = logging.getLogger("graphflow.replicas")
 
 MODES = ("downpour", "bsp", "ssp")
-REPUSH_AFTER = 1.0  # s a bsp barrier waits before the step is pushed again
+RESTART_CHECK = 1.0  # s between a bsp barrier's looks for a restarted shard
 
 
 class LinkError(GraphflowError):
@@ -143,10 +142,11 @@ class PSLink:
                     pass  # a fetch is already on its way
             return
         sums = self._take_sums()
+        boots = dict(self.client.boots)  # the shard processes of the last fetch
         self._push(self.client, step, sums)
         t0 = clock()
         if self.mode == "bsp":
-            self._bsp_barrier(step, sums)
+            self._bsp_barrier(step, sums, boots)
             self._span(EXECUTOR, "bsp barrier", t0, step)
         else:
             self.install(self.client.fetch())
@@ -190,19 +190,23 @@ class PSLink:
             client.push(self.replica, step, sums, mode="async", codec=self.codec)
         self.pushes += 1
 
-    def _bsp_barrier(self, step: int, sums: dict[str, np.ndarray]) -> None:
-        """Fetch the step's update once every shard applied it, pushing again meanwhile."""
+    def _bsp_barrier(self, step: int, sums: dict[str, np.ndarray],
+                     boots: dict[int, str]) -> None:
+        """Fetch the step's update once every shard applied it; push the step again when a
+        shard process other than the one of `boots` answers (restarted, it lost the push)."""
         start = time.monotonic()
         while True:
             left = self.timeout - (time.monotonic() - start)
             try:
                 fresh = self.client.fetch(min_version=self.version0 + step + 1,
-                                          wait=max(0.0, min(REPUSH_AFTER, left)))
+                                          wait=max(0.0, min(RESTART_CHECK, left)))
                 break
             except PSError:
-                if left <= REPUSH_AFTER:
+                if left <= RESTART_CHECK:
                     raise
-            self._push(self.client, step, sums, again=True)
+            if self.client.boots != boots:
+                self._push(self.client, step, sums, again=True)
+                boots = dict(self.client.boots)
         self.install(fresh)
         self.waited += time.monotonic() - start
 

@@ -155,6 +155,10 @@ class Worker:
         del saved, run  # received tensors: over inproc, a peer's send waits until they go
         t0 = clock()
         self._flush_sends()
+        tr = self.trace
+        if tr is not None:
+            tr.add(EXECUTOR, "send", "send flush", t0, clock())
+        t0 = clock()
         out = {name: _combine(name, vs) for name, vs in got.items() if vs}
         for name, total in sums.items():  # the mean of the micro-batches' gradients
             if microbatches > 1 and total.flags.writeable:  # in place: no 100 MB temporaries
@@ -162,15 +166,11 @@ class Worker:
             elif microbatches > 1:
                 total = total / microbatches
             out[name] = total
-        tr = self.trace
-        if tr is not None:
-            tr.add(EXECUTOR, "send", "send flush", t0, clock())
         if train and self.optimizer is not None:
-            t0 = clock()
             for p, g in self.grads.items():
                 self.optimizer.update(p, self.params[p], out[g])
-            if tr is not None:
-                tr.add(EXECUTOR, "update", "update", t0, clock(), {"params": len(self.grads)})
+        if tr is not None:  # (joining and averaging the micro-batches' results count here)
+            tr.add(EXECUTOR, "update", "update", t0, clock(), {"params": len(self.grads)})
         return {name: out[name] for name in fetches}
 
     def _weight_run(self, saved: list[list[np.ndarray]]) -> _Run:
