@@ -163,6 +163,16 @@ class Graph:
         self._by_name[name] = node
         return node
 
+    def remove(self, nodes: Iterable[Node]) -> None:
+        """Drop `nodes` (rewriting passes use this for copies nothing reads any more)."""
+        gone = set(nodes)
+        for n in self.nodes:
+            if n not in gone and any(x in gone for x in n.inputs):
+                raise GraphError(located(n, "still reads a node being removed"))
+        self.nodes = [n for n in self.nodes if n not in gone]
+        for n in gone:
+            del self._by_name[n.name]
+
     # -- reading ------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> Node:
         try:

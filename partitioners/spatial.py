@@ -118,6 +118,7 @@ def place(graph: Graph, parts: int,
     with out:
         for n in graph.toposort():
             rw.visit(n)
+    rw.drop_unread()
     return out, {n.name: worker_index(n.device) for n in out.nodes}
 
 
@@ -158,6 +159,17 @@ class _Rewriter:
         elif isinstance(v, Split):
             v = self.val[n] = self.gather(v, n.name, worker)
         return v
+
+    def drop_unread(self) -> None:
+        """Remove copies of intermediate nodes that nothing reads any more (a whole input
+        transpose once every worker slices its own rows before it): they would run each step."""
+        while True:
+            read = {x for n in self.out.nodes for x in n.inputs}
+            dead = [n for n in self.out.nodes if n not in read and n.op not in REPLICATED
+                    and n.name in self.src and self.users[self.src[n.name]] > 0]
+            if not dead:
+                return
+            self.out.remove(dead)
 
     def gather(self, s: Split, name: str, worker: int) -> Node:
         return self.on(worker, "concat", *s.blocks, name=f"{name}/gathered", axis=s.axis)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import graphflow as gf
+from graphflow.errors import GraphError
 
 
 def test_names_are_unique_stable_and_scoped():
@@ -60,6 +61,18 @@ def test_toposort_validate_and_networkx():
     nxg = g.to_networkx()
     assert set(nxg.edges) == {("x", "exp"), ("exp", "log"), ("exp", "add"), ("log", "add")}
     assert nxg.nodes["add"]["shape"] == (None, 3)
+
+
+def test_remove_drops_unread_nodes_and_refuses_read_ones():
+    with gf.Graph() as g:
+        x = gf.placeholder("x", (None, 3))
+        a = gf.exp(x)
+        b = gf.log(a)
+    with pytest.raises(GraphError, match="log.*still reads a node being removed"):
+        g.remove([a])
+    g.remove([b, a])
+    assert [n.name for n in g] == ["x"] and "exp" not in g
+    g.validate()
 
 
 def test_symbolic_batch_dimension_runs_with_any_batch():

@@ -96,6 +96,21 @@ def test_each_tensor_is_sent_at_most_once_per_destination(workload):
         assert len(keys) == len(set(keys))
 
 
+@pytest.mark.parametrize("parts", [2, 3, 4])
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_no_worker_computes_a_value_nothing_reads(workload, parts):
+    """Every forward node a worker runs feeds something (the whole input's layout transpose,
+    replaced by each worker's sliced rows, used to stay behind and run every step)."""
+    model = WORKLOADS[workload][0]()
+    plan = partition(model.graph, parts, "spatial", loss=model.loss)
+    for w in plan.workers:
+        read = {x.name for n in w.graph.nodes for x in n.inputs}
+        unread = [n.name for n in w.graph.nodes if n.name not in read
+                  and n.op not in ("send", "placeholder") and not n.name.startswith("grad/")
+                  and n.name not in (plan.loss, model.logits.name)]
+        assert unread == [], f"worker {w.index}"
+
+
 @pytest.mark.parametrize("parts", [2, 3, 4, 5])
 def test_row_blocks_are_even_per_layer_and_cover_every_row(parts):
     model = gf.models.lc_large()
