@@ -46,3 +46,36 @@ print(inside == between == {core_share(2)}, blas() == before)
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["True", "True"], r.stdout
+
+
+def _minor_faults(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
+def test_a_worker_process_reuses_its_tensors_memory_from_step_to_step(monkeypatch):
+    """Steps after the first allocate the same tensors again: the worker's heap keeps their
+    memory, so a step faults in (and the kernel zeroes) almost no fresh pages (measured: 1
+    a step, against 3300 with glibc's defaults)."""
+    import numpy as np
+
+    import graphflow as gf
+    from graphflow.runtime import Cluster
+
+    for var in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"):
+        monkeypatch.delenv(var, raising=False)
+    m = gf.models.speech_mlp(batch=None)
+    plan = gf.partition(m.graph, 1, "layerwise", loss=m.loss)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((64, 440), dtype=np.float32),
+             "y": rng.integers(0, 8192, 64, dtype=np.int32)}
+    with Cluster(plan, mode="processes", optimizer={"name": "sgd", "lr": 0.01}) as cluster:
+        for _ in range(2):
+            cluster.step(feeds)
+        pid = cluster._procs[0].pid
+        before = _minor_faults(pid)
+        for _ in range(3):
+            cluster.step(feeds)
+        per_step = (_minor_faults(pid) - before) / 3
+    assert per_step < 500, f"{per_step:.0f} page faults per step"

@@ -246,10 +246,11 @@ class Worker:
                 if tr is None or n.op in UNTRACED:
                     finish(n, self._compute(n, values, feeds, tag, check_numerics))
                 else:
-                    t0 = clock()
+                    t0, cpu0 = clock(), time.thread_time()
                     value = self._compute(n, values, feeds, tag, check_numerics)
+                    # cpu below wall: the thread lost its core (another process or thread ran)
                     tr.add(EXECUTOR, "send" if n.op == "send" else "kernel", n.name, t0,
-                           clock(), {"op": n.op})
+                           clock(), {"op": n.op, "cpu_ms": (time.thread_time() - cpu0) * 1e3})
                     finish(n, value)
 
     def _compute(self, n: Node, values: dict[Node, np.ndarray], feeds: Mapping[str, np.ndarray],
