@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from math import prod
 
 from graphflow.errors import GraphflowError
+from graphflow.runtime.heap import keep_freed_memory
 
 
 def _version() -> str:
@@ -298,6 +299,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    keep_freed_memory()  # every command runs (or serves) steps: the same tensors again and again
     if argv[:1] == ["ps"]:  # its own parser (argparse cannot pass options through)
         from graphflow.ps.__main__ import main as ps
 

@@ -70,18 +70,10 @@ def core_share(workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // workers)
 
 
-# glibc hands freed blocks over 128 KB (every tensor) back to the kernel, so each step faults
-# in and zeroes fresh pages for the same tensors again; a worker keeps them in its heap instead
-# (speech-mlp, batch 512: 1600 -> 128 page faults per step, its weight-gradient gemms no
-# longer 1.4x slower in a pipelined step)
-HEAP_VARS = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32),
-             "MALLOC_TOP_PAD_": str(1 << 28)}
-
-
 def worker_env(workers: int) -> dict[str, str]:
     """The environment of a local worker process: its share of the cores for BLAS and Numba
-    threads and a heap that keeps freed tensors' memory, unless the user set these."""
-    return {**dict.fromkeys(THREAD_VARS, str(core_share(workers))), **HEAP_VARS, **os.environ}
+    threads, unless the user set a thread count."""
+    return {**dict.fromkeys(THREAD_VARS, str(core_share(workers))), **os.environ}
 
 
 class _BlasLimit:

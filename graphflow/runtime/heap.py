@@ -1,0 +1,33 @@
+"""Keep freed tensors' memory in the process's heap (glibc's malloc).
+
+glibc hands every freed block over 128 KB (M_MMAP_THRESHOLD) back to the kernel. A training
+step allocates the same tensors again, so each step faulted in, and the kernel zeroed, fresh
+pages for all of them: 3300 page faults per speech-mlp step at batch 64, and weight-gradient
+gemms 1.4x slower in a pipelined step. With higher thresholds the blocks stay for the next step
+(1 fault per step; the heap holds the step's peak memory).
+
+The command line (so every worker process and driver it starts) calls `keep_freed_memory`
+first; a library user may call it too. It does nothing where malloc is not glibc's or where
+the user tunes it (any MALLOC_* environment variable).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc's mallopt parameters
+SETTINGS = ((M_MMAP_THRESHOLD, 1 << 30), (M_TRIM_THRESHOLD, 2**31 - 1), (M_TOP_PAD, 1 << 28))
+
+
+def keep_freed_memory() -> bool:
+    """Raise glibc's mmap and trim thresholds for this process; True if they were set."""
+    if any(k.startswith("MALLOC_") for k in os.environ):
+        return False  # the user's own tuning wins
+    name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError, TypeError):
+        return False  # not glibc (macOS, musl): its malloc keeps its defaults
+    return all(mallopt(param, value) == 1 for param, value in SETTINGS)
