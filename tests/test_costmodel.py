@@ -92,6 +92,17 @@ def test_placeholders_are_local_and_parameters_are_sent_from_their_owner():
     assert p.step_seconds == pytest.approx(1.0 + 1.0)
 
 
+def test_each_worker_ends_with_the_update_of_its_parameters_at_the_measured_rate():
+    with gf.Graph() as g:
+        x = gf.placeholder("x", (None, 1000))
+        w = gf.parameter("w", (1000,))
+        gf.mul(x, w, name="m")
+    # an update makes three passes over the parameter's 4000 bytes: 12000 bytes a second
+    cm = CostModel(times={"m": 1.0}, update_Bps=3 * ROW, bandwidth_Bps=1.0, batch=1)
+    p = cm.predict(g, {"x": 0, "w": 0, "m": 0})
+    assert p.step_seconds == pytest.approx(1.0 + 1.0) and p.busy == [pytest.approx(2.0)]
+
+
 def test_missing_placement_names_the_nodes():
     g, _ = _chain()
     with pytest.raises(KeyError, match="no worker"):
@@ -151,5 +162,6 @@ def test_calibration_smoke_and_cache(tmp_path, monkeypatch):
     assert len(json.loads(path.read_text())["machines"]) == 1
     again = CostModel.default(batch=8)
     assert again.measured == cm.measured and again.link == cm.link
+    assert cm.update_Bps > 0 and again.update_Bps == cm.update_Bps
     n = m.graph["lc2/local2d"]
     assert again.node_seconds(n) == cm.node_seconds(n, 8)
