@@ -19,7 +19,7 @@ forward node runs. Per worker:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from typing import Any
 
@@ -38,11 +38,16 @@ REPLICATED = {"placeholder", "constant"}
 
 @dataclass
 class Split:
-    """A tensor held as blocks along `axis`: block j, rows bounds[j], lives on worker j."""
+    """A tensor held as blocks along `axis`: block j, rows bounds[j], lives on workers[j]
+    (worker j unless a worker holds several blocks: see `halo_first`)."""
 
     axis: int
     blocks: list[Node]
     bounds: list[tuple[int, int]]
+    workers: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.workers = self.workers or list(range(len(self.blocks)))
 
 
 @dataclass
@@ -104,6 +109,55 @@ def balanced_rows(graph: Graph, parts: int,
     return out
 
 
+def window(n: Node) -> tuple[int, int, int]:
+    """(kernel rows, row stride, row padding) of windowed op `n`."""
+    kh = n.inputs[1].shape[2] if n.op == "conv2d" else n.attrs["kernel"][0]
+    return int(kh), int(n.attrs["stride"][0]), int(n.attrs["padding"][0])
+
+
+def halo_first(graph: Graph, rows: dict[Node, list[tuple[int, int]]]
+               ) -> tuple[dict[Node, list[tuple[int, int]]], dict[Node, list[int]]]:
+    """Cut each worker's block of a windowed layer at the rows its neighbours read as halo
+    (through the row-local ops up to the next windowed layer), so that those rows are their
+    own block: the worker computes and sends them first (the dataflow runs what leads to a
+    send first) and its neighbours do not wait for its whole block. Returns the new bounds
+    and, per block, its worker."""
+    users: dict[Node, list[Node]] = {n: [] for n in graph.nodes}
+    for n in graph.nodes:
+        for x in n.inputs:
+            users[x].append(n)
+    out_rows, owners = {}, {}
+    for n, bounds in rows.items():
+        needs = []  # (worker, [lo, hi)) rows of n each next layer's block reads
+        for nxt in _next_windowed(n, users):
+            if nxt in rows and int(nxt.inputs[0].shape[WINDOWED[nxt.op]]) == bounds[-1][1]:
+                kh, sh, ph = window(nxt)
+                needs += [(k, (lo * sh - ph, (hi - 1) * sh - ph + kh))
+                          for k, (lo, hi) in enumerate(rows[nxt])]
+        out_rows[n], owners[n] = [], []
+        for j, (lo, hi) in enumerate(bounds):
+            cuts = {lo, hi} | {min(max(e, lo), hi) for k, span in needs if k != j for e in span}
+            edges = sorted(cuts)
+            out_rows[n] += list(zip(edges[:-1], edges[1:]))
+            owners[n] += [j] * (len(edges) - 1)
+    return out_rows, owners
+
+
+def _next_windowed(n: Node, users: dict[Node, list[Node]]) -> list[Node]:
+    """The windowed layers that read `n`'s rows through row-local ops only."""
+    found, stack, seen = [], list(users[n]), set()
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.op in WINDOWED:
+            found.append(u)
+        elif u.op in UNARY | BINARY | {"transpose", "lrn"}:
+            stack.extend(users[u])
+    return found
+
+
 def place(graph: Graph, parts: int,
           cost: CostModel | None = None) -> tuple[Graph, dict[str, int]]:
     """Rewrite a forward graph for `parts` workers; returns the new graph and its placement.
@@ -114,7 +168,7 @@ def place(graph: Graph, parts: int,
         raise ValueError("spatial partitioning rewrites the forward graph: partition it before "
                          "adding gradients (gf.partition(graph, loss=...) does both)")
     out = Graph(graph.dtype, graph.seed)
-    rw = _Rewriter(graph, out, parts, balanced_rows(graph, parts, cost))
+    rw = _Rewriter(graph, out, parts, *halo_first(graph, balanced_rows(graph, parts, cost)))
     with out:
         for n in graph.toposort():
             rw.visit(n)
@@ -127,10 +181,10 @@ def worker_index(dev: str | None) -> int:
 
 
 class _Rewriter:
-    def __init__(self, src: Graph, out: Graph, parts: int,
-                 rows: dict[Node, list[tuple[int, int]]]) -> None:
+    def __init__(self, src: Graph, out: Graph, parts: int, rows: dict[Node, list[tuple[int, int]]],
+                 owners: dict[Node, list[int]]) -> None:
         self.src, self.out, self.parts = src, out, parts
-        self.rows = rows
+        self.rows, self.owners = rows, owners
         self.val: dict[Node, Node | Split | Partial | FlatSplit] = {}
         self.users: dict[Node, int] = {n: 0 for n in src.nodes}
         for n in src.nodes:
@@ -175,14 +229,14 @@ class _Rewriter:
         return self.on(worker, "concat", *s.blocks, name=f"{name}/gathered", axis=s.axis)
 
     def block_param(self, p: Node, view: Sequence[int], axis: int, bounds: list[tuple[int, int]],
-                    shapes: list[tuple[int, ...]]) -> list[Node]:
-        """Split parameter `p` (viewed as `view`) along `axis`: block j on worker j."""
+                    shapes: list[tuple[int, ...]], workers: Sequence[int]) -> list[Node]:
+        """Split parameter `p` (viewed as `view`) along `axis`: block j on workers[j]."""
         blocks = []
         for j, ((lo, hi), shape) in enumerate(zip(bounds, shapes, strict=True)):
             spec = {"of": p.name, "attrs": dict(p.attrs), "view": tuple(view), "axis": axis,
                     "lo": lo, "hi": hi, "shape": tuple(shape)}
-            blocks.append(self.on(j, "parameter", name=f"{p.name}/part{j}", shape=tuple(shape),
-                                  dtype=p.dtype, init="block", block=spec))
+            blocks.append(self.on(workers[j], "parameter", name=f"{p.name}/part{j}",
+                                  shape=tuple(shape), dtype=p.dtype, init="block", block=spec))
         return blocks
 
     def copy(self, n: Node, inputs: list[Node], worker: int) -> Node:
@@ -217,7 +271,8 @@ class _Rewriter:
             return False
         splits = [v for x in n.inputs if isinstance(v := self.val.get(x), Split)]
         return len(splits) == 1 or (splits[0].bounds == splits[1].bounds
-                                    and splits[0].axis == splits[1].axis)
+                                    and splits[0].axis == splits[1].axis
+                                    and splits[0].workers == splits[1].workers)
 
     def blockwise(self, n: Node) -> Split:
         """Row-local ops: run once per block, on the block's worker."""
@@ -225,18 +280,18 @@ class _Rewriter:
                     if isinstance(v := self.val.get(x), Split))
         if n.op in ("transpose", "lrn"):
             axis = list(n.attrs["axes"]).index(s.axis) if n.op == "transpose" else s.axis
-            blocks = [self.on(j, n.op, b, name=f"{n.name}/part{j}", **n.attrs)
+            blocks = [self.on(s.workers[j], n.op, b, name=f"{n.name}/part{j}", **n.attrs)
                       for j, b in enumerate(s.blocks)]
-            return Split(axis, blocks, s.bounds)
+            return Split(axis, blocks, s.bounds, s.workers)
         axis = s.axis + n.ndim - n.inputs[i].ndim  # broadcasting aligns dims on the right
-        per_input = [self.blocks_of(x, n.ndim, axis, s.bounds) for x in n.inputs]
-        blocks = [self.on(j, n.op, *(ins[j] for ins in per_input), name=f"{n.name}/part{j}",
-                          **n.attrs) for j in range(len(s.bounds))]
-        return Split(axis, blocks, s.bounds)
+        per_input = [self.blocks_of(x, n.ndim, axis, s) for x in n.inputs]
+        blocks = [self.on(s.workers[j], n.op, *(ins[j] for ins in per_input),
+                          name=f"{n.name}/part{j}", **n.attrs) for j in range(len(s.bounds))]
+        return Split(axis, blocks, s.bounds, s.workers)
 
-    def blocks_of(self, x: Node, out_ndim: int, axis: int,
-                  bounds: list[tuple[int, int]]) -> list[Node]:
-        """Input x of a blockwise op, cut to match output blocks along `axis`."""
+    def blocks_of(self, x: Node, out_ndim: int, axis: int, like: Split) -> list[Node]:
+        """Input x of a blockwise op, cut to match the blocks of `like` along `axis`."""
+        bounds = like.bounds
         v = self.val.get(x)
         if isinstance(v, Split):
             return v.blocks
@@ -247,7 +302,7 @@ class _Rewriter:
         if x.op == "parameter" and self.users[x] == 1 and v is None:
             shapes = [tuple(hi - lo if d == xa else s for d, s in enumerate(x.shape))
                       for lo, hi in bounds]
-            return self.block_param(x, x.shape, xa, bounds, shapes)
+            return self.block_param(x, x.shape, xa, bounds, shapes, like.workers)
         whole = self.whole(x)
         src = worker_index(whole.device)
         return [self.on(src, "slice", whole, name=f"{x.name}/rows{j}",
@@ -260,30 +315,30 @@ class _Rewriter:
         halo rows sliced from neighbours). local2d takes its rows of W; conv2d shares W."""
         x = n.inputs[0]
         axis = WINDOWED[n.op]
-        kh = n.inputs[1].shape[2] if n.op == "conv2d" else n.attrs["kernel"][0]
-        (sh, _), (ph, pw) = n.attrs["stride"], n.attrs["padding"]
+        kh, sh, ph = window(n)
+        pw = n.attrs["padding"][1]
         h = int(x.shape[axis])
-        bounds = self.rows[n]
+        bounds, workers = self.rows[n], self.owners[n]
         if n.op == "local2d":
             w = n.inputs[1]
             weights = self.block_param(w, w.shape, 0, bounds,
-                                       [(hi - lo, *w.shape[1:]) for lo, hi in bounds])
+                                       [(hi - lo, *w.shape[1:]) for lo, hi in bounds], workers)
         blocks = []
-        for j, (lo, hi) in enumerate(bounds):
+        for j, ((lo, hi), wj) in enumerate(zip(bounds, workers, strict=True)):
             top, bottom = lo * sh - ph, (hi - 1) * sh - ph + kh  # may pass the edges
-            rows = self.input_rows(x, axis, max(top, 0), min(bottom, h), j, n.name)
+            rows = self.input_rows(x, axis, max(top, 0), min(bottom, h), wj, n.name, j)
             if top < 0 or bottom > h:  # zero padding rows, only at the outer edges
                 pads = tuple((max(-top, 0), max(bottom - h, 0)) if d == axis else (0, 0)
                              for d in range(x.ndim))
-                rows = self.on(j, "pad", rows, name=f"{n.name}/pad{j}", pads=pads)
+                rows = self.on(wj, "pad", rows, name=f"{n.name}/pad{j}", pads=pads)
             ins = [rows]
             if n.op == "local2d":
                 ins.append(weights[j])
             elif n.op == "conv2d":
-                ins.append(self.whole(n.inputs[1], j))
-            blocks.append(self.on(j, n.op, *ins, name=f"{n.name}/part{j}",
+                ins.append(self.whole(n.inputs[1], wj))
+            blocks.append(self.on(wj, n.op, *ins, name=f"{n.name}/part{j}",
                                   **{**n.attrs, "padding": (0, pw)}))
-        return Split(axis, blocks, bounds)
+        return Split(axis, blocks, bounds, workers)
 
     def _windowed(self, n: Node) -> bool:
         """Split a windowed op by rows unless it is max pooling over padding (its pad is -inf,
@@ -295,9 +350,10 @@ class _Rewriter:
         v = self.val.get(n.inputs[0])
         return not isinstance(v, Split | Partial | FlatSplit) or v.axis == WINDOWED[n.op]
 
-    def input_rows(self, x: Node, axis: int, lo: int, hi: int, worker: int, name: str) -> Node:
-        """Rows [lo, hi) along `axis` of x on `worker`: its own block plus halo slices of
-        the neighbouring blocks, or a slice of x when x is whole."""
+    def input_rows(self, x: Node, axis: int, lo: int, hi: int, worker: int, name: str,
+                   block: int) -> Node:
+        """Rows [lo, hi) along `axis` of x for output block `block` on `worker`: its own
+        block plus halo slices of the neighbouring blocks, or a slice of x when x is whole."""
 
         def cut(node: Node, a: int, b: int, where: int, label: str) -> Node:
             return self.on(where, "slice", node, name=f"{name}/{label}",
@@ -308,20 +364,22 @@ class _Rewriter:
         if not isinstance(v, Split):
             whole = self.whole(x, worker)
             if _replicable(whole):
-                return self.rows_of(whole, axis, lo, hi, worker, name)
-            return cut(whole, lo, hi, worker_index(whole.device), f"in{worker}")
+                return self.rows_of(whole, axis, lo, hi, worker, name, block)
+            return cut(whole, lo, hi, worker_index(whole.device), f"in{block}")
         pieces = []
         for i, (blo, bhi) in enumerate(v.bounds):
             a, b = max(lo, blo), min(hi, bhi)
             if a < b:  # a halo, or a trimmed own block, is sliced where the block lives
                 whole_block = (a, b) == (blo, bhi)
                 pieces.append(v.blocks[i] if whole_block else
-                              cut(v.blocks[i], a - blo, b - blo, i, f"rows{i}to{worker}"))
+                              cut(v.blocks[i], a - blo, b - blo, v.workers[i],
+                                  f"rows{i}to{block}"))
         if len(pieces) == 1:
             return pieces[0]
-        return self.on(worker, "concat", *pieces, name=f"{name}/in{worker}", axis=axis)
+        return self.on(worker, "concat", *pieces, name=f"{name}/in{block}", axis=axis)
 
-    def rows_of(self, n: Node, axis: int, lo: int, hi: int, worker: int, name: str) -> Node:
+    def rows_of(self, n: Node, axis: int, lo: int, hi: int, worker: int, name: str,
+                block: int) -> Node:
         """Rows [lo, hi) along `axis` of a replicable node, computed on `worker` from the same
         rows of its input: the slice moves up to the placeholder, so that no worker spends
         time on the whole input (its layout transpose, say)."""
@@ -331,11 +389,11 @@ class _Rewriter:
         if label in self.out:
             return self.out[label]
         if n.op in REPLICATED:  # (named after the layer that reads the rows)
-            return self.on(worker, "slice", n, name=f"{name}/in{worker}",
+            return self.on(worker, "slice", n, name=f"{name}/in{block}",
                            begin=tuple(lo if d == axis else 0 for d in range(n.ndim)),
                            end=tuple(hi if d == axis else None for d in range(n.ndim)))
         src_axis = n.attrs["axes"][axis] if n.op == "transpose" else axis
-        rows = self.rows_of(n.inputs[0], src_axis, lo, hi, worker, name)
+        rows = self.rows_of(n.inputs[0], src_axis, lo, hi, worker, name, block)
         return self.on(worker, n.op, rows, name=label, **n.attrs)
 
     def replicate(self, n: Node, worker: int) -> Node:
@@ -368,8 +426,10 @@ class _Rewriter:
             if view is None:
                 self.val[a] = self.whole(a)
                 return self.by_units(n)
-            wb = self.block_param(w, view, 1, v.source.bounds, shapes)
-            blocks = [self.on(j, "matmul", self.on(j, "flatten", b, name=f"{a.name}/part{j}"),
+            on = v.source.workers
+            wb = self.block_param(w, view, 1, v.source.bounds, shapes, on)
+            blocks = [self.on(on[j], "matmul",
+                              self.on(on[j], "flatten", b, name=f"{a.name}/part{j}"),
                               wb[j], name=f"{n.name}/part{j}")
                       for j, b in enumerate(v.source.blocks)]
             return Partial(blocks)
@@ -380,7 +440,8 @@ class _Rewriter:
         a, w = n.inputs
         x = self.whole(a)
         bounds = row_bounds(int(w.shape[1]), self.parts)
-        wb = self.block_param(w, w.shape, 1, bounds, [(w.shape[0], hi - lo) for lo, hi in bounds])
+        wb = self.block_param(w, w.shape, 1, bounds, [(w.shape[0], hi - lo) for lo, hi in bounds],
+                              range(self.parts))
         blocks = [self.on(j, "matmul", self.replicate(x, j) if _replicable(x) else x, wb[j],
                           name=f"{n.name}/part{j}") for j in range(self.parts)]
         return Split(1, blocks, bounds)

@@ -19,9 +19,15 @@ def spatial_plan(name, parts):
 
 
 def halo_transfers(plan, layer):
-    """The plan's halo transfers of a layer, by the names the spatial partitioner gives them:
-    forward `<layer>/<op>/rows<i>to<j>`, backward the gradients of those rows' concat inputs."""
-    fwd = [t for t in plan.transfers if t.tensor.startswith(f"{layer}/local2d/rows")]
+    """The plan's halo transfers of a layer: forward, the tensors a worker receives into the
+    layer's input rows (`<layer>/local2d/in<j>`); backward, the gradients of those inputs."""
+    def read_into_input(t):
+        graph = plan.workers[t.dst].graph
+        recv = graph[f"recv/{t.tensor}"]
+        return any(recv in n.inputs for n in graph.nodes
+                   if n.name.startswith(f"{layer}/local2d/in"))
+
+    fwd = [t for t in plan.transfers if not t.tensor.startswith("grad/") and read_into_input(t)]
     bwd = [t for t in plan.transfers if t.tensor.startswith(f"grad/{layer}/local2d/in")]
     return fwd, bwd
 
