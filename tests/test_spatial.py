@@ -138,3 +138,31 @@ def test_layers_with_fewer_rows_than_workers_use_one_row_per_worker(workload, pa
     rows = balanced_rows(build().graph, parts)
     assert any(len(b) < parts for b in rows.values())  # some layer has fewer rows than workers
     assert all(hi - lo >= 1 for b in rows.values() for lo, hi in b)
+
+
+def test_a_worker_sends_its_halo_rows_before_computing_the_rest_of_its_block(tmp_path):
+    """lc-large on 2 workers: worker 0 reads lc1's rows 14-16 from worker 1 (lc2's 5x5 stride-2
+    window). Worker 1's lc1 block is cut there, and it computes and sends those rows first."""
+    from graphflow.runtime import Cluster
+    from graphflow.trace import read, recording
+    from graphflow.trace.chrome import events
+
+    model = gf.models.lc_large(batch=None)
+    plan = partition(model.graph, 2, "spatial", loss=model.loss)
+    blocks = [(n.name, plan.worker_of(n.name), n.shape[0]) for n in plan.graph.nodes
+              if n.op == "local2d" and n.name.startswith("lc1/")]
+    assert blocks == [("lc1/local2d/part0", 0, 14), ("lc1/local2d/part1", 1, 3),
+                      ("lc1/local2d/part2", 1, 12)]
+    halo = [t for t in plan.transfers if t.src == 1 and not t.tensor.startswith(("grad/", "fc/"))]
+    assert [t.tensor for t in halo] == ["lc2/transpose/part1"]  # the block itself, no slice
+    rng = np.random.default_rng(0)
+    batch = {"x": rng.standard_normal((8, 3, 64, 64), dtype=np.float32),
+             "y": rng.integers(0, 10, 8).astype(np.int32)}
+    with Cluster(plan, mode="threads", timeout=60) as cluster:
+        cluster.gradients(batch)
+        with recording(tmp_path / "step.json"):
+            cluster.gradients(batch)
+    spans = {e.name: e for e in events(read(tmp_path / "step.json"))
+             if e.process == "worker 1" and e.thread == "executor"}
+    sent = spans[f"send/{halo[0].tensor}->w0"]
+    assert sent.ts < spans["lc1/local2d/part2"].ts, "the halo left after the rest of the block"

@@ -8,6 +8,7 @@ Parameters live here and are updated here, by the optimizer, from gradients comp
 
 from __future__ import annotations
 
+import heapq
 import queue
 import threading
 import time
@@ -87,7 +88,9 @@ class Worker:
         self.grads = {p: g for p, g in grads.items() if p in self.params}
         self.order = graph.toposort()
         self.users = pipeline.users_of(self.order)
-        self.urgent = _feeding_sends(self.order)
+        # what leads to a send, by its distance in nodes to the nearest send it feeds
+        self.urgent = _steps_to_send(self.order, self.users)
+        self.position = {n: i for i, n in enumerate(self.order)}
         self.recvs = {n.attrs["key"]: n for n in self.order if n.op == "recv"}
         self.grad_nodes = set(self.grads.values())
         self.stages = stages
@@ -205,10 +208,14 @@ class Worker:
         members = set(nodes)
         values = run.values
         remaining = {n: sum(x not in values for x in n.inputs) for n in nodes}
-        # a peer may be waiting on a send: sends first, then what leads to one, then the rest
-        urgent = deque(n for n in nodes if remaining[n] == 0 and n in self.urgent)
+        # a peer may be waiting on a send: sends first, then what leads to one, the nearest
+        # send's first (a halo before the rest of a block), then the rest in graph order
+        urgent: list[tuple[int, int, Node]] = []
         ready = deque(n for n in nodes if remaining[n] == 0 and n.op != "recv"
                       and n not in self.urgent)
+        for n in nodes:
+            if remaining[n] == 0 and n in self.urgent:
+                heapq.heappush(urgent, (self.urgent[n], self.position[n], n))
         waiting = {k: n for k, n in self.recvs.items() if n in members}
         done = 0
 
@@ -220,10 +227,10 @@ class Worker:
                 if u in members:
                     remaining[u] -= 1
                     if remaining[u] == 0:
-                        if u.op == "send":
-                            urgent.appendleft(u)
+                        if u in self.urgent:
+                            heapq.heappush(urgent, (self.urgent[u], self.position[u], u))
                         else:
-                            (urgent if u in self.urgent else ready).append(u)
+                            ready.append(u)
             for x in n.inputs:  # free inputs nobody else needs
                 run.pending_users[x] -= 1
                 if run.pending_users[x] == 0 and x.name not in keep and x.op != "parameter":
@@ -242,7 +249,7 @@ class Worker:
                 finish(waiting.pop(meta["key"]), array)
                 deadline = time.monotonic() + self.timeout
             if ready or urgent:
-                n = urgent.popleft() if urgent else ready.popleft()
+                n = heapq.heappop(urgent)[2] if urgent else ready.popleft()
                 if tr is None or n.op in UNTRACED:
                     finish(n, self._compute(n, values, feeds, tag, check_numerics))
                 else:
@@ -365,15 +372,13 @@ def make_optimizer(spec: Mapping[str, Any] | None) -> Optimizer | None:
     return OPTIMIZERS[name](**args)
 
 
-def _feeding_sends(order: list[Node]) -> set[Node]:
-    """The sends of a subgraph and every node a send depends on (recvs excepted: they are
-    not run, they arrive)."""
-    needed: set[Node] = set()
-    stack = [n for n in order if n.op == "send"]
-    while stack:
-        n = stack.pop()
-        if n in needed or n.op == "recv":
-            continue
-        needed.add(n)
-        stack.extend(n.inputs)
-    return needed
+def _steps_to_send(order: list[Node], users: Mapping[Node, list[Node]]) -> dict[Node, int]:
+    """For the sends of a subgraph and every node a send depends on (recvs excepted: they are
+    not run, they arrive): how many nodes away its nearest send is (a send: 0)."""
+    steps: dict[Node, int] = {}
+    for n in reversed(order):
+        if n.op == "send":
+            steps[n] = 0
+        elif n.op != "recv" and (ahead := [steps[u] for u in users[n] if u in steps]):
+            steps[n] = 1 + min(ahead)
+    return steps
