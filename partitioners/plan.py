@@ -6,6 +6,7 @@ Per worker: its subgraph (with send/recv nodes), FLOPs, parameter bytes, bytes i
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
@@ -68,10 +69,27 @@ class Plan:
     transfers: list[Transfer]
     loss: str | None = None  # the loss node's name, when the plan trains
     grads: dict[str, str] = field(default_factory=dict)  # parameter -> its gradient node
+    # worker -> placeholder -> (axis, lo, hi): the part of the input that worker is fed
+    feeds: dict[int, dict[str, tuple[int, int, int]]] = field(default_factory=dict)
 
     @property
     def parts(self) -> int:
         return len(self.workers)
+
+    def worker_feeds(self, index: int, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """What worker `index` is fed of `feeds` (by placeholder name): the placeholders its
+        graph has, each cut to the rows the worker reads (see partitioners/feeds.py)."""
+        graph, cuts = self.workers[index].graph, self.feeds.get(index, {})
+        out = {}
+        for name, value in feeds.items():
+            if name not in graph or graph[name].op != "placeholder":
+                continue
+            if name in cuts:
+                axis, lo, hi = cuts[name]
+                value = np.ascontiguousarray(np.asarray(value)[(slice(None),) * axis
+                                                               + (slice(lo, hi),)])
+            out[name] = value
+        return out
 
     def worker_of(self, name: str) -> int:
         if name not in self.placement:
@@ -143,7 +161,9 @@ class Plan:
                 "transfers": [{"key": t.key, "tensor": t.tensor, "src": t.src, "dst": t.dst,
                                "shape": list(t.shape), "dtype": t.dtype}
                               for t in self.transfers],
-                "loss": self.loss, "grads": self.grads}
+                "loss": self.loss, "grads": self.grads,
+                "feeds": {str(i): {k: list(c) for k, c in cuts.items()}
+                          for i, cuts in self.feeds.items()}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
@@ -152,9 +172,11 @@ class Plan:
         transfers = [Transfer(t["key"], t["tensor"], t["src"], t["dst"], tuple(t["shape"]),
                               t["dtype"]) for t in data["transfers"]]
         workers = [WorkerPlan(i, graph_from_dict(g)) for i, g in enumerate(data["workers"])]
+        feeds = {int(i): {k: (int(c[0]), int(c[1]), int(c[2])) for k, c in cuts.items()}
+                 for i, cuts in data.get("feeds", {}).items()}
         return cls(data["strategy"], graph_from_dict(data["graph"]),
                    {k: int(v) for k, v in data["placement"].items()}, workers, transfers,
-                   data.get("loss"), data.get("grads", {}))
+                   data.get("loss"), data.get("grads", {}), feeds)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict()))

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 
 from graphflow.errors import GraphError, located
 from graphflow.ir import Graph, Node
+from graphflow.partitioners.feeds import cut_feeds
 from graphflow.partitioners.plan import Plan, Transfer, WorkerPlan
 
 REPLICATED = ("placeholder", "constant")
@@ -72,7 +73,8 @@ def split(graph: Graph, placement: Mapping[str, int], parts: int | None = None,
             raise GraphError(located(n, f"placed on worker {w}, outside 0..{parts - 1}"))
         _copy(subs[w], local[w], n, [on(w, x) for x in n.inputs])
     workers = [WorkerPlan(i, subs[i]) for i in range(parts)]
-    return Plan(strategy, graph, dict(placement), workers, transfers)
+    feeds = {i: cuts for i, sub in enumerate(subs) if (cuts := cut_feeds(sub))}
+    return Plan(strategy, graph, dict(placement), workers, transfers, feeds=feeds)
 
 
 def _copy(sub: Graph, local: dict[Node, Node], n: Node, inputs: object) -> Node:

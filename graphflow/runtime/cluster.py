@@ -272,9 +272,7 @@ class Cluster:
         wanted: list[list[str]] = [[] for _ in self.names]
         for name in fetches:
             wanted[self.plan.worker_of(name)].append(name)
-        needs = [{n.name for n in w.graph.nodes if n.op == "placeholder"}
-                 for w in self.plan.workers]
-        args = [{"feeds": {k: v for k, v in feeds.items() if k in needs[i]},
+        args = [{"feeds": self.plan.worker_feeds(i, feeds),
                  "fetches": wanted[i], "step": self.step_count, "train": train,
                  "check_numerics": check_numerics, "microbatches": self.microbatches,
                  "schedule": self.schedule} for i in range(self.plan.parts)]

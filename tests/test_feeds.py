@@ -1,0 +1,54 @@
+"""Each worker is fed only the rows of the input it reads (partitioners/feeds.py)."""
+
+import numpy as np
+
+import graphflow as gf
+from graphflow.partitioners import Plan, partition
+
+
+def test_spatial_workers_are_fed_their_rows_of_the_image_only(tmp_path):
+    m = gf.models.lc_large(batch=None)
+    plan = partition(m.graph, 2, "spatial", loss=m.loss)
+    # lc1 (7x7, stride 2) output rows 0-13 read image rows 0-32; rows 14-28 read rows 28-62
+    assert plan.feeds == {0: {"x": (2, 0, 33)}, 1: {"x": (2, 28, 63)}}
+    x = np.random.default_rng(0).standard_normal((4, 3, 64, 64), dtype=np.float32)
+    y = np.zeros(4, np.int32)
+    fed = [plan.worker_feeds(i, {"x": x, "y": y}) for i in range(2)]
+    assert np.array_equal(fed[0]["x"], x[:, :, 0:33]) and fed[0]["x"].flags.c_contiguous
+    assert np.array_equal(fed[1]["x"], x[:, :, 28:63])
+    assert fed[0]["y"] is y and "y" not in fed[1]  # the loss is on worker 0
+    assert sum(f["x"].nbytes for f in fed) < 1.1 * x.nbytes  # not the whole batch twice
+    # worker 0's slice took all it is fed, so it is gone; worker 1's are shifted into it
+    g0, g1 = (w.graph for w in plan.workers)
+    assert g0["x"].shape == (None, 3, 33, 64) and "lc1/local2d/in0" not in g0
+    assert [(n.attrs["begin"][2], n.attrs["end"][2]) for n in g1.nodes
+            if n.op == "slice" and n.inputs[0].name == "x"] == [(0, 11), (6, 35)]
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert Plan.load(path).feeds == plan.feeds
+
+
+def test_inputs_read_whole_are_fed_whole():
+    m = gf.models.speech_mlp(batch=None)
+    for strategy in ("spatial", "layerwise"):
+        plan = partition(m.graph, 2, strategy, loss=m.loss)
+        assert plan.feeds == {}
+        x = np.ones((2, 440), np.float32)
+        assert all(plan.worker_feeds(i, {"x": x}).get("x", x) is x for i in range(2))
+
+
+def test_partitioned_step_with_cut_feeds_equals_one_process():
+    m, whole = gf.models.lc_large(batch=None), gf.models.lc_large(batch=None)
+    rng = np.random.default_rng(1)
+    batch = {"x": rng.standard_normal((3, 3, 64, 64), dtype=np.float32),
+             "y": rng.integers(0, 10, 3).astype(np.int32)}
+    grads = gf.gradients(whole.loss, whole.graph.parameters())
+    want = gf.Session(whole.graph).run([whole.loss, *grads.values()],
+                                       {whole.x: batch["x"], whole.y: batch["y"]})
+    plan = partition(m.graph, 2, "spatial", loss=m.loss)
+    with gf.runtime.Cluster(plan, mode="threads", timeout=60) as cluster:
+        got = cluster.gradients(batch)
+    assert abs(got.pop("loss") - want[0]) <= 1e-5 * abs(want[0])
+    got = plan.assemble(got)
+    for name, value in zip(grads, want[1:], strict=True):
+        assert np.allclose(got[name], value, rtol=1e-4, atol=1e-6 * np.abs(value).max()), name
