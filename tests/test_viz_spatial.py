@@ -8,6 +8,7 @@ import pytest
 
 import graphflow as gf
 from graphflow.viz import spatial_layers, visualize
+from graphflow.viz.spatial import REPLICATED_ROW
 from tests.vizparse import parse_svg, svg_groups
 
 BATCH = 64
@@ -44,6 +45,10 @@ def test_lc_large_four_ways_four_blocks_and_halo_bytes(tmp_path):
         assert [int(b[0]) for b in blocks] == [0, 1, 2, 3]  # 4 contiguous blocks
     lc1, lc2 = views["lc1"], views["lc2"]
     assert lc1.halos == () and halo_transfers(plan, "lc1") == ([], [])  # the image is fed
+    # each worker cuts its own rows out of the 64-row image: 7x7 windows, stride 2
+    assert len(lc1.in_rows) == 64 and (lc1.in_rows == REPLICATED_ROW).all()
+    out_rows = {w: np.flatnonzero(lc1.out_grid[:, 0] == w) for w in range(4)}
+    assert lc1.reads == {w: (2 * r[0], 2 * r[-1] + 7) for w, r in out_rows.items()}
     fwd, bwd = halo_transfers(plan, "lc2")
     channels_batch_bytes = 32 * BATCH * 4  # relu(lc1) has 32 channels of float32
     assert lc2.halo_cells * channels_batch_bytes == sum(t.nbytes(BATCH) for t in fwd)

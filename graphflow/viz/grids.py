@@ -60,7 +60,7 @@ def _panel(layer: SpatialLayer) -> list[Item]:
         caption = (f"halo: {layer.halo_cells} input locations, {fmt_bytes(layer.halo_bytes)} "
                    f"forward and as many gradient bytes back per step")
     elif int(np.min(layer.in_rows)) == REPLICATED_ROW:
-        caption = "input fed to every worker: no halo crosses a boundary"
+        caption = "input fed to the workers, each its own rows: no halo crosses a boundary"
     else:
         caption = "no input row crosses a boundary"
     items.append(Text(0, 26 + GRID + 24, caption, 11, color=MUTED))

@@ -90,12 +90,14 @@ def _layer(name: str, blocks: list[Node], plan: Plan, batch: int) -> SpatialLaye
                           for b in blocks])
     in_rows, offsets = _input_rows(blocks, axis, plan)
     reads, halos = {}, []
-    for b in blocks:
-        me, spans = plan.placement[b.name], []
+    for b in blocks:  # (a worker may hold several blocks: its halo rows are one of their own)
+        me = plan.placement[b.name]
+        spans = [reads[me]] if me in reads else []
         for piece in _pieces(b.inputs[0]):
-            lo = _offset(piece, axis, offsets)
+            fed = _fed_span(piece, axis)
+            lo = fed[0] if fed else _offset(piece, axis, offsets)
             spans.append((lo, lo + int(piece.shape[axis])))
-            if plan.placement[piece.name] != me and piece.op not in ("placeholder", "constant"):
+            if plan.placement[piece.name] != me and fed is None:
                 halos.append(Halo(plan.placement[piece.name], me, *spans[-1],
                                   int(piece.shape[axis + 1])))
         reads[me] = (min(s[0] for s in spans), max(s[1] for s in spans))
@@ -136,6 +138,9 @@ def _input_rows(blocks: list[Node], axis: int,
                 plan: Plan) -> tuple[np.ndarray, dict[str, int]]:
     """Who holds each input row, and the first row of each input block (by name)."""
     sources = {_source(p) for b in blocks for p in _pieces(b.inputs[0])}
+    fed = _fed_span(_pieces(blocks[0].inputs[0])[0], axis)
+    if fed is not None:  # each worker cuts its rows out of the fed input itself
+        return np.full(fed[2], REPLICATED_ROW), {}
     first = _source(_pieces(blocks[0].inputs[0])[0])
     rows, offsets, start = [], {}, 0
     for s in _siblings(first):
@@ -146,6 +151,21 @@ def _input_rows(blocks: list[Node], axis: int,
     if _replicated(first, sources):
         rows = [np.full(start, REPLICATED_ROW)]
     return np.concatenate(rows), offsets
+
+
+def _fed_span(piece: Node, axis: int) -> tuple[int, int, int] | None:
+    """The rows [lo, hi) of the fed input a piece holds and the input's height, when the piece
+    is cut from a placeholder by slices and layout transposes; else None."""
+    node, ax, lo = piece, axis, 0
+    while node.op in ("slice", "transpose"):
+        if node.op == "transpose":
+            ax = node.attrs["axes"][ax]
+        else:
+            lo += int(node.attrs["begin"][ax])
+        node = node.inputs[0]
+    if node.op not in ("placeholder", "constant"):
+        return None
+    return lo, lo + int(piece.shape[axis]), int(node.shape[ax])
 
 
 def _replicated(first: Node, sources: set[Node]) -> bool:
