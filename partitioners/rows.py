@@ -1,0 +1,121 @@
+"""Which rows of each windowed layer every worker computes (the spatial strategy's plan).
+
+`balanced_rows` splits each locally connected / conv / pooling layer's output rows into one
+block per worker, balanced by the cost model; `halo_first` then cuts a worker's block at the
+rows its neighbours read, so those rows are a block of their own that the worker computes and
+sends first.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+from graphflow.costmodel import CostModel
+from graphflow.ir import Graph, Node
+
+UNARY = {"relu", "sigmoid", "tanh", "exp", "log", "neg", "sqrt", "square"}
+WINDOWED = {"local2d": 0, "conv2d": 2, "max_pool2d": 2, "avg_pool2d": 2}  # op -> its row axis
+BINARY = {"add", "sub", "mul", "div", "maximum"}
+REPLICATED = {"placeholder", "constant"}
+
+
+def row_bounds(size: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` balanced [lo, hi) blocks of `size` rows (sizes differ by at most one)."""
+    edges = np.linspace(0, size, parts + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
+# Per output element, the ops around a windowed layer (layout transposes, bias, activation and
+# their gradients) make about this many passes over memory; it weighs rows of cheap, wide
+# layers against rows of expensive, narrow ones.
+ELEMENTWISE_PASSES = 8
+
+
+def row_seconds(n: Node, cost: CostModel, batch: int = 64) -> float:
+    """Estimated seconds of one output row of windowed layer `n` per training step: forward,
+    its gradients (input gradient only when the input is computed) and the ops around it."""
+    rows = int(n.shape[WINDOWED[n.op]])
+    passes = 2 + (n.inputs[0].op not in REPLICATED and not replicable(n.inputs[0]))
+    elements = prod(d or batch for d in n.shape) / rows
+    per_element = ELEMENTWISE_PASSES * np.dtype(n.dtype).itemsize / cost.bandwidth_Bps
+    return passes * cost.node_seconds(n, batch) / rows + elements * per_element
+
+
+def balanced_rows(graph: Graph, parts: int,
+                  cost: CostModel | None = None) -> dict[Node, list[tuple[int, int]]]:
+    """Row blocks for every windowed layer: each layer as even as whole rows allow (every
+    layer ends in a halo exchange, so each must be balanced on its own), and a layer's
+    left-over rows go to the workers with the least work so far, the most expensive layers
+    first, so the rounding evens out across layers."""
+    cost = cost or CostModel.default()
+    layers = [n for n in graph.nodes if n.op in WINDOWED and int(n.shape[WINDOWED[n.op]]) > 1]
+    per_row = {n: row_seconds(n, cost) for n in layers}
+    load = np.zeros(parts)
+    out: dict[Node, list[tuple[int, int]]] = {}
+    for n in sorted(layers, key=lambda n: -per_row[n] * int(n.shape[WINDOWED[n.op]])):
+        rows = int(n.shape[WINDOWED[n.op]])
+        k = min(rows, parts)  # a layer with fewer rows than workers uses the first `rows`
+        sizes = np.full(k, rows // k)
+        sizes[np.argsort(load[:k], kind="stable")[:rows % k]] += 1
+        edges = np.concatenate([[0], np.cumsum(sizes)])
+        out[n] = [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+        load[:k] += sizes * per_row[n]
+    return out
+
+
+def window(n: Node) -> tuple[int, int, int]:
+    """(kernel rows, row stride, row padding) of windowed op `n`."""
+    kh = n.inputs[1].shape[2] if n.op == "conv2d" else n.attrs["kernel"][0]
+    return int(kh), int(n.attrs["stride"][0]), int(n.attrs["padding"][0])
+
+
+def halo_first(graph: Graph, rows: dict[Node, list[tuple[int, int]]]
+               ) -> tuple[dict[Node, list[tuple[int, int]]], dict[Node, list[int]]]:
+    """Cut each worker's block of a windowed layer at the rows its neighbours read as halo
+    (through the row-local ops up to the next windowed layer), so that those rows are their
+    own block: the worker computes and sends them first (the dataflow runs what leads to a
+    send first) and its neighbours do not wait for its whole block. Returns the new bounds
+    and, per block, its worker."""
+    users: dict[Node, list[Node]] = {n: [] for n in graph.nodes}
+    for n in graph.nodes:
+        for x in n.inputs:
+            users[x].append(n)
+    out_rows, owners = {}, {}
+    for n, bounds in rows.items():
+        needs = []  # (worker, [lo, hi)) rows of n each next layer's block reads
+        for nxt in _next_windowed(n, users):
+            if nxt in rows and int(nxt.inputs[0].shape[WINDOWED[nxt.op]]) == bounds[-1][1]:
+                kh, sh, ph = window(nxt)
+                needs += [(k, (lo * sh - ph, (hi - 1) * sh - ph + kh))
+                          for k, (lo, hi) in enumerate(rows[nxt])]
+        out_rows[n], owners[n] = [], []
+        for j, (lo, hi) in enumerate(bounds):
+            cuts = {lo, hi} | {min(max(e, lo), hi) for k, span in needs if k != j for e in span}
+            edges = sorted(cuts)
+            out_rows[n] += list(zip(edges[:-1], edges[1:]))
+            owners[n] += [j] * (len(edges) - 1)
+    return out_rows, owners
+
+
+def _next_windowed(n: Node, users: dict[Node, list[Node]]) -> list[Node]:
+    """The windowed layers that read `n`'s rows through row-local ops only."""
+    found, stack, seen = [], list(users[n]), set()
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.op in WINDOWED:
+            found.append(u)
+        elif u.op in UNARY | BINARY | {"transpose", "lrn"}:
+            stack.extend(users[u])
+    return found
+
+
+def replicable(n: Node) -> bool:
+    """True for nodes computed only from placeholders and constants by cheap row-local ops."""
+    if n.op in REPLICATED:
+        return True
+    return n.op in UNARY | {"transpose"} and all(replicable(x) for x in n.inputs)
