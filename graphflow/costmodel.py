@@ -19,7 +19,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
@@ -193,6 +193,24 @@ class CostModel:
             model.calibrate_link()
         model.save()
         return model
+
+    def kernel_times(self, graph: Graph, batch: int, repeats: int = 1) -> dict[str, float]:
+        """A fresh timing of each kernel signature of `graph` at `batch` (median of `repeats`
+        passes), not stored: a benchmark takes one between its measured steps, so kernel times
+        and step times see the same state of a shared machine, then keeps their medians
+        (`use_times`)."""
+        todo: dict[str, Node] = {}
+        for n in graph.toposort():
+            if n.op not in SOURCE_OPS and REGISTRY[n.op].forward:
+                todo.setdefault(signature(n, batch), n)
+        return _time_nodes(todo, batch, repeats)
+
+    def use_times(self, samples: Mapping[str, Sequence[float]]) -> None:
+        """Take the median of each measured signature's samples as its time; refit."""
+        for sig, times in samples.items():
+            if sig in self.measured and times:
+                self.measured[sig][0] = statistics.median(times)
+        self._fit()
 
     def calibrate_link(self, repeats: int = 5) -> Link:
         """Measure the local transport (graphflow's Endpoint over ipc between two threads, 1 KB

@@ -45,6 +45,11 @@ class WorkerPlan:
     def parameters(self) -> list[str]:
         return [n.name for n in self.graph.nodes if n.op == "parameter"]
 
+    def fed_bytes(self, batch: int) -> int:
+        """Bytes of input the driver sends this worker each step (its placeholders, as cut)."""
+        return sum(prod(concrete(n.shape, batch)) * np.dtype(n.dtype).itemsize
+                   for n in self.graph.placeholders())
+
 
 @dataclass(frozen=True)
 class WorkerStats:

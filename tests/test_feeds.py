@@ -18,6 +18,8 @@ def test_spatial_workers_are_fed_their_rows_of_the_image_only(tmp_path):
     assert np.array_equal(fed[1]["x"], x[:, :, 28:63])
     assert fed[0]["y"] is y and "y" not in fed[1]  # the loss is on worker 0
     assert sum(f["x"].nbytes for f in fed) < 1.1 * x.nbytes  # not the whole batch twice
+    assert [w.fed_bytes(4) for w in plan.workers] == [sum(v.nbytes for v in f.values())
+                                                      for f in fed]
     # worker 0's slice took all it is fed, so it is gone; worker 1's are shifted into it
     g0, g1 = (w.graph for w in plan.workers)
     assert g0["x"].shape == (None, 3, 33, 64) and "lc1/local2d/in0" not in g0

@@ -7,7 +7,10 @@ network, and the machine's ceiling: the throughput of two independent 1-worker p
 over one alone (the best a 2-worker speedup can be here and now).
 
 Every cluster of a workload is started first, then timed in rounds (a step of each per round),
-so a busy neighbour slows all alike; speedup = median 1-worker step / median step. A pipelined
+so a busy neighbour slows all alike; speedup = median 1-worker step / median step. The cost
+model's kernels are timed again after every round and predictions use their medians: a shared
+machine's speed drifts within minutes, and a calibration made once, before the rounds, missed
+by 30-40% when it did. A pipelined
 prediction is one micro-batch's predicted step plus (micro-batches - 1) x the busiest worker's
 micro-batch work.
 """
@@ -19,6 +22,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -176,6 +180,8 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
     plan1 = partition(model.graph, 1, "layerwise", loss=model.loss)
     cost = CostModel.calibrate(plan1.graph, args.batch, args.repeats,
                                refresh=not args.cached_calibration)
+    timed = [(plan1.graph, args.batch)]  # kernels timed again between the rounds
+    plans: dict[int, Plan] = {}
     todo = [(v, n) for v in variants(args) for n in args.workers[1:]]
     points = [{"workload": model.name, "strategy": label, "workers": n, "microbatches": mb}
               for (label, _, mb), n in todo]
@@ -187,22 +193,39 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
         for i, ((label, strategy, mb), n) in enumerate(todo):
             bar.label = f"{model.name} started {label} P={n}"
             try:
-                plan = partition(model.graph, n, strategy, loss=model.loss, cost=cost)
-                points[i].update(workers_used=workers_used(plan), times_s=[],
-                                 predicted_s=predict(plan, args.batch, mb, args.repeats))
+                plan = plans[i] = partition(model.graph, n, strategy, loss=model.loss,
+                                            cost=cost)
+                points[i].update(workers_used=workers_used(plan), times_s=[])
+                for b in {args.batch // mb, args.batch}:
+                    CostModel.calibrate(plan.graph, b, args.repeats)  # (new kernel shapes)
+                    timed.append((plan.graph, b))
                 running[i] = stack.enter_context(_cluster(plan, args, mb, feeds,
                                                           f"{label} P={n}"))
             except Exception as e:  # noqa: BLE001 - one failed point is reported
                 points[i]["error"] = f"{type(e).__name__}: {e}"
             bar.update()
-        ceiling = time_rounds(base, other, running, points, feeds, args, bar)
+        cost = CostModel.default(args.batch)  # every kernel shape of the plans is cached now
+        samples: dict[str, list[float]] = {}
+
+        def retime() -> None:
+            for graph, b in timed:
+                for sig, seconds in cost.kernel_times(graph, b).items():
+                    samples.setdefault(sig, []).append(seconds)
+
+        ceiling = time_rounds(base, other, running, points, feeds, args, bar, retime)
+    cost.use_times(samples)
+    cost.save()  # (graphflow show and later runs start from these)
+    for i, plan in plans.items():
+        if "error" not in points[i]:
+            points[i]["predicted_s"] = predict(plan, args.batch, points[i]["microbatches"],
+                                               args.repeats, cost=cost)
     for pt in points:
         if pt.get("times_s") and "error" not in pt:
             pt["median_s"] = statistics.median(pt["times_s"])
             pt["speedup"] = statistics.median(ceiling["alone_s"]) / pt["median_s"]
     one = {"workload": model.name, "strategy": "(any)", "workers": 1, "microbatches": 1,
            "times_s": ceiling["alone_s"], "median_s": statistics.median(ceiling["alone_s"]),
-           "speedup": 1.0, "predicted_s": predict(plan1, args.batch, 1, args.repeats)}
+           "speedup": 1.0, "predicted_s": predict(plan1, args.batch, 1, args.repeats, cost=cost)}
     predicted = {label: predict_curve(model, strategy, mb, args, cost)
                  for label, strategy, mb in variants(args)}
     return {"points": [one, *points], "ceiling": ceiling, "predicted": predicted,
@@ -213,10 +236,12 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
 
 def time_rounds(base: Cluster, other: Cluster, running: dict[int, Cluster],
                 points: list[dict[str, Any]], feeds: dict[str, np.ndarray],
-                args: argparse.Namespace, bar: Progress) -> dict[str, Any]:
+                args: argparse.Namespace, bar: Progress,
+                between: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """`args.steps` rounds, each: a step of the 1-worker `base` alone, a step of `base` and of
-    the independent 1-worker `other` at once (the ceiling), a step of every running point. A
-    neighbour's burst so spreads over all points instead of spoiling one."""
+    the independent 1-worker `other` at once (the ceiling), a step of every running point,
+    then `between` (the cost model's kernels timed again). A neighbour's burst so spreads over
+    all points instead of spoiling one."""
     alone, both = [], []
     with ThreadPoolExecutor(2) as pool:
         for r in range(args.steps):
@@ -230,6 +255,7 @@ def time_rounds(base: Cluster, other: Cluster, running: dict[int, Cluster],
                 except Exception as e:  # noqa: BLE001 - drop the point, keep the others
                     points[i]["error"] = f"{type(e).__name__}: {e}"
                     del running[i]
+            between()
             bar.label = f"{points[0]['workload'] if points else ''} round {r + 1}/{args.steps}"
             bar.update(alone_ms=1e3 * alone[-1], both_ms=1e3 * both[-1])
     return {"alone_s": alone, "together_s": both,
@@ -242,24 +268,28 @@ def workers_used(plan: Plan) -> int:
 
 
 def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
-            link: Link | None = None) -> float:
-    """The cost model's step seconds for `plan` (kernels of its graph calibrated first; the
-    link is the calibrated local one unless given). Pipelined: one micro-batch's step plus
+            link: Link | None = None, cost: CostModel | None = None) -> float:
+    """The cost model's step seconds for `plan` (with `cost`, or kernels of its graph
+    calibrated first; the link is the calibrated local one unless given), the driver's
+    shipping of the inputs included. Pipelined: one micro-batch's step plus
     (microbatches - 1) times the busiest stage's micro-batch work (fill, then steady state),
     where the weight-gradient work runs once at the end over the whole batch (the W phase,
     stages side by side) rather than once per micro-batch."""
     mb = batch // microbatches
-    cm = CostModel.calibrate(plan.graph, mb, repeats)
+    cm = cost or CostModel.calibrate(plan.graph, mb, repeats)
+    link = link or cm.link
+    # the driver ships each worker its inputs and then waits for the replies
+    dispatch = max(link.seconds(w.fed_bytes(batch)) for w in plan.workers) + link.latency_s
     p = cm.predict(plan.graph, plan.placement, mb, link=link)
     if microbatches == 1:
-        return p.step_seconds
-    whole = CostModel.calibrate(plan.graph, batch, repeats)
+        return dispatch + p.step_seconds
+    whole = cost or CostModel.calibrate(plan.graph, batch, repeats)
     w_mb, w_whole = [0.0] * plan.parts, [0.0] * plan.parts
     for name, w in weight_phase(plan).items():
         w_mb[w] += cm.node_seconds(plan.graph[name], mb)
         w_whole[w] += whole.node_seconds(plan.graph[name], batch)
     busy = [b - x for b, x in zip(p.busy, w_mb)]
-    return (p.step_seconds - max(w_mb) + (microbatches - 1) * max(busy, default=0.0)
+    return (dispatch + p.step_seconds - max(w_mb) + (microbatches - 1) * max(busy, default=0.0)
             + max(w_whole))
 
 
