@@ -278,7 +278,7 @@ class CostModel:
         return (link or self.link).seconds(nbytes)
 
     def predict(self, graph: Graph, placement: Mapping[str, int], batch: int | None = None,
-                link: Link | None = None) -> Prediction:
+                link: Link | None = None, contention: float = 1.0) -> Prediction:
         """Simulate one training step of `graph` (unsplit: no send/recv nodes) under `placement`.
 
         Each worker runs its nodes one at a time in topological order; a node starts when its
@@ -287,13 +287,27 @@ class CostModel:
         its link. Placeholders and constants are local everywhere. Last, each worker applies
         the update to its parameters (three passes over them at the optimizer's measured rate:
         a streaming kernel, far faster per byte than the fitted `bandwidth_Bps` of the graph's
-        small memory-bound kernels).
+        small memory-bound kernels). With `contention` > 1 (workers on one machine share its
+        memory and caches: how much slower a step runs beside another, as measured), a node
+        takes that much longer for the part of its time another worker computes too (found by
+        a first pass without it).
         """
         batch, link = batch or self.batch, link or self.link
         missing = [n.name for n in graph.nodes if n.name not in placement]
         if missing:
             raise KeyError(f"placement has no worker for {len(missing)} nodes, e.g. {missing[:3]}")
         where = {n: placement[n.name] for n in graph.nodes}
+        first, spans = self._simulate(graph, where, batch, link, {})
+        if contention <= 1.0 or len(first.busy) < 2:
+            return first
+        slow = {n: 1.0 + (contention - 1.0) * _shared_fraction(spans, n) for n in spans}
+        return self._simulate(graph, where, batch, link, slow)[0]
+
+    def _simulate(self, graph: Graph, where: Mapping[Node, int], batch: int, link: Link,
+                  slow: Mapping[Node, float]
+                  ) -> tuple[Prediction, dict[Node, tuple[int, float, float]]]:
+        """The list scheduling of `predict`, node durations times `slow`; also each node's
+        (worker, start, end)."""
         workers = max(where.values(), default=0) + 1
         free, link_free, busy = [0.0] * workers, [0.0] * workers, [0.0] * workers
         bytes_in, bytes_out = [0] * workers, [0] * workers
@@ -303,6 +317,7 @@ class CostModel:
                 if x.op not in LOCAL_OPS and where[x] != where[n]:
                     dests[x].add(where[n])
         ready: dict[tuple[Node, int], float] = {}  # (tensor, worker) -> when it is there
+        spans: dict[Node, tuple[int, float, float]] = {}
         transfers: list[Transfer] = []
         for n in graph.toposort():
             if n.op in LOCAL_OPS:
@@ -311,9 +326,10 @@ class CostModel:
             if n.op != "parameter":
                 start = max([free[w], *(0.0 if x.op in LOCAL_OPS else ready[x, w]
                                         for x in n.inputs)])
-                dur = self.node_seconds(n, batch)
+                dur = self.node_seconds(n, batch) * slow.get(n, 1.0)
                 end = free[w] = start + dur
                 busy[w] += dur
+                spans[n] = (w, start, end)
             ready[n, w] = end
             for d in sorted(dests[n]):
                 nbytes = tensor_bytes(n, batch)
@@ -330,7 +346,22 @@ class CostModel:
                 free[w] += seconds
                 busy[w] += seconds
         step = max([*ready.values(), *free], default=0.0)
-        return Prediction(step, busy, bytes_in, bytes_out, transfers)
+        return Prediction(step, busy, bytes_in, bytes_out, transfers), spans
+
+
+def _shared_fraction(spans: Mapping[Node, tuple[int, float, float]], n: Node) -> float:
+    """The fraction of node n's time during which a node of another worker runs too."""
+    w, start, end = spans[n]
+    if end <= start:
+        return 0.0
+    others = sorted((s, e) for m, (v, s, e) in spans.items() if v != w and e > start and s < end)
+    covered, reach = 0.0, start
+    for s, e in others:
+        lo, hi = max(s, reach), min(e, end)
+        if hi > lo:
+            covered += hi - lo
+            reach = hi
+    return covered / (end - start)
 
 
 def _random_input(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:

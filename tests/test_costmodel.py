@@ -53,6 +53,22 @@ def test_independent_branches_overlap():
     assert two.busy == [pytest.approx(5.0), pytest.approx(6.0)]
 
 
+def test_contention_slows_only_the_time_two_workers_compute_at_once():
+    g = _fork()
+    cm = _model({"a": 1.0, "l1": 2.0, "l2": 2.0, "r1": 3.0, "r2": 3.0}, bandwidth=1e18)
+    placement = {"x": 0, "a": 0, "l1": 0, "l2": 0, "r1": 1, "r2": 1}
+    # after a (1 s, alone), l1 l2 (4 s) run beside r1 r2 (6 s): the first 4 s of each are
+    # shared, so l1 l2 take 1.5x as long and r1 (3 s) too, r2 for 1 of its 3 s
+    two = cm.predict(g, placement, contention=1.5)
+    assert two.busy == [pytest.approx(1.0 + 6.0), pytest.approx(4.5 + 3.0 * (1 + 0.5 / 3))]
+    assert two.step_seconds == pytest.approx(1.0 + 4.5 + 3.5)
+    # a chain across workers never computes on two at once: nothing slows down
+    chain, _ = _chain()
+    cm = _model({"a": 1.0, "b": 1.0, "c": 1.0}, bandwidth=1e18)
+    split = {"x": 0, "a": 0, "b": 1, "c": 0}
+    assert cm.predict(chain, split, contention=2.0).step_seconds == pytest.approx(3.0)
+
+
 def test_cut_edge_adds_the_transfer_time():
     g, _ = _chain()
     cm = _model({"a": 1.0, "b": 2.0, "c": 4.0}, latency=0.5)

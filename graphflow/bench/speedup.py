@@ -215,10 +215,15 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
         ceiling = time_rounds(base, other, running, points, feeds, args, bar, retime)
     cost.use_times(samples)
     cost.save()  # (graphflow show and later runs start from these)
+    # workers on this machine share its memory and caches: how much slower a step runs beside
+    # another, from the ceiling's rounds, slows the time two workers compute at once
+    contention = max(1.0, statistics.median(ceiling["together_s"])
+                     / statistics.median(ceiling["alone_s"]))
+    ceiling["contention"] = contention
     for i, plan in plans.items():
         if "error" not in points[i]:
             points[i]["predicted_s"] = predict(plan, args.batch, points[i]["microbatches"],
-                                               args.repeats, cost=cost)
+                                               args.repeats, cost=cost, contention=contention)
     for pt in points:
         if pt.get("times_s") and "error" not in pt:
             pt["median_s"] = statistics.median(pt["times_s"])
@@ -268,19 +273,21 @@ def workers_used(plan: Plan) -> int:
 
 
 def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
-            link: Link | None = None, cost: CostModel | None = None) -> float:
+            link: Link | None = None, cost: CostModel | None = None,
+            contention: float = 1.0) -> float:
     """The cost model's step seconds for `plan` (with `cost`, or kernels of its graph
     calibrated first; the link is the calibrated local one unless given), the driver's
     shipping of the inputs included. Pipelined: one micro-batch's step plus
     (microbatches - 1) times the busiest stage's micro-batch work (fill, then steady state),
     where the weight-gradient work runs once at the end over the whole batch (the W phase,
-    stages side by side) rather than once per micro-batch."""
+    stages side by side) rather than once per micro-batch. With `contention` (see
+    CostModel.predict), what workers compute at once runs that much slower."""
     mb = batch // microbatches
     cm = cost or CostModel.calibrate(plan.graph, mb, repeats)
     link = link or cm.link
     # the driver ships each worker its inputs and then waits for the replies
     dispatch = max(link.seconds(w.fed_bytes(batch)) for w in plan.workers) + link.latency_s
-    p = cm.predict(plan.graph, plan.placement, mb, link=link)
+    p = cm.predict(plan.graph, plan.placement, mb, link=link, contention=contention)
     if microbatches == 1:
         return dispatch + p.step_seconds
     whole = cost or CostModel.calibrate(plan.graph, batch, repeats)
@@ -289,8 +296,10 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
         w_mb[w] += cm.node_seconds(plan.graph[name], mb)
         w_whole[w] += whole.node_seconds(plan.graph[name], batch)
     busy = [b - x for b, x in zip(p.busy, w_mb)]
-    return (dispatch + p.step_seconds - max(w_mb) + (microbatches - 1) * max(busy, default=0.0)
-            + max(w_whole))
+    # in the steady state and the W phase the stages compute side by side
+    side_by_side = contention if plan.parts > 1 else 1.0
+    return (dispatch + p.step_seconds - max(w_mb)
+            + side_by_side * ((microbatches - 1) * max(busy, default=0.0) + max(w_whole)))
 
 
 def weight_phase(plan: Plan) -> dict[str, int]:
