@@ -11,14 +11,10 @@ True
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import platform
 import statistics
 import tempfile
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
@@ -29,12 +25,20 @@ import numpy as np
 
 from graphflow.ir import Graph, Node
 from graphflow.ops.registry import REGISTRY, concrete, node_cost
+from graphflow.timing import (
+    UPDATE_PASSES,
+    cache_path,
+    fingerprint,
+    ping_pong,
+    read_cache,
+    time_nodes,
+    time_update,
+)
 
 SOURCE_OPS = ("placeholder", "parameter", "constant")
 LOCAL_OPS = ("placeholder", "constant")  # replicated: present on every worker at time 0
 BUILTIN = {"flop_rates": {"*": 60e9}, "bandwidth_Bps": 5e9, "overhead_s": 2e-6,
            "update_Bps": 20e9}
-UPDATE_PASSES = 3  # an SGD update reads the parameter and its gradient, writes the parameter
 
 
 @dataclass(frozen=True)
@@ -109,25 +113,6 @@ def op_family(op: str) -> str:
     return forward.__module__.rsplit(".", 1)[-1] if forward is not None else op
 
 
-def fingerprint() -> str:
-    """Identifies this machine and thread setup: calibrations are only reused on a match."""
-    import numba
-
-    info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.exists() else []
-    cpu = next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "")
-    parts = [platform.machine(), cpu or platform.processor(), str(os.cpu_count()),
-             np.__version__, numba.__version__, str(numba.get_num_threads()),
-             os.environ.get("OPENBLAS_NUM_THREADS", ""), os.environ.get("OMP_NUM_THREADS", "")]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-
-
-def cache_path() -> Path:
-    """$GRAPHFLOW_COSTMODEL, else ~/.cache/graphflow/costmodel.json."""
-    env = os.environ.get("GRAPHFLOW_COSTMODEL")
-    return Path(env) if env else Path.home() / ".cache" / "graphflow" / "costmodel.json"
-
-
 class CostModel:
     """Seconds per node and per transfer, and a step-time simulator.
 
@@ -162,7 +147,7 @@ class CostModel:
     @classmethod
     def default(cls, batch: int = 64) -> CostModel:
         """This machine's cached calibration if there is one, else `builtin()`. Never measures."""
-        entry = _read_cache(cache_path()).get(fingerprint())
+        entry = read_cache(cache_path()).get(fingerprint())
         if not entry:
             return cls.builtin(batch)
         link = Link(*entry.pop("link")) if entry.get("link") else None
@@ -183,12 +168,12 @@ class CostModel:
             sig = signature(n, batch)
             if n.op not in SOURCE_OPS and REGISTRY[n.op].forward and sig not in model.measured:
                 todo.setdefault(sig, n)
-        for sig, seconds in _time_nodes(todo, batch, repeats).items():
+        for sig, seconds in time_nodes(todo, batch, repeats).items():
             flops, read, written = node_cost(todo[sig], batch)
             model.measured[sig] = [seconds, op_family(todo[sig].op), flops, read + written]
         model._fit()
         if refresh or model.update_Bps == BUILTIN["update_Bps"]:
-            model.update_Bps = _time_update(repeats)
+            model.update_Bps = time_update(repeats)
         if link and (refresh or model.link == Link.builtin()):
             model.calibrate_link()
         model.save()
@@ -203,7 +188,7 @@ class CostModel:
         for n in graph.toposort():
             if n.op not in SOURCE_OPS and REGISTRY[n.op].forward:
                 todo.setdefault(signature(n, batch), n)
-        return _time_nodes(todo, batch, repeats)
+        return time_nodes(todo, batch, repeats)
 
     def use_times(self, samples: Mapping[str, Sequence[float]]) -> None:
         """Take the median of each measured signature's samples as its time; refit."""
@@ -216,14 +201,14 @@ class CostModel:
         """Measure the local transport (graphflow's Endpoint over ipc between two threads, 1 KB
         and 4 MB ping-pong); store and return Link(bandwidth, latency)."""
         small, large = 1024, 4 << 20
-        t_small, t_large = _ping_pong(small, repeats), _ping_pong(large, repeats)
+        t_small, t_large = ping_pong(small, repeats), ping_pong(large, repeats)
         self.link = Link((large - small) / max(t_large - t_small, 1e-9), t_small)
         return self.link
 
     def save(self, path: Path | None = None) -> Path:
         """Write this calibration under this machine's fingerprint (atomic replace)."""
         path = path or cache_path()
-        data = _read_cache(path)
+        data = read_cache(path)
         data[fingerprint()] = {
             "measured": self.measured, "flop_rates": self.flop_rates,
             "bandwidth_Bps": self.bandwidth_Bps, "overhead_s": self.overhead_s,
@@ -362,84 +347,3 @@ def _shared_fraction(spans: Mapping[Node, tuple[int, float, float]], n: Node) ->
             covered += hi - lo
             reach = hi
     return covered / (end - start)
-
-
-def _random_input(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
-    if np.dtype(dtype).kind in "iu":
-        return np.zeros(shape, dtype)  # labels and indices: zero is always in range
-    return (rng.random(shape, dtype=dtype) + 0.5).astype(dtype, copy=False)
-
-
-def _time_nodes(nodes: Mapping[str, Node], batch: int, repeats: int) -> dict[str, float]:
-    """Median seconds of each node's forward kernel on random inputs: one warm-up pass, then
-    `repeats` passes over all nodes (so a neighbour's burst spreads over many nodes)."""
-    rng, arrays = np.random.default_rng(0), {}  # inputs of one shape and dtype are shared
-    runs = {}
-    for sig, n in nodes.items():
-        keys = [(concrete(x.shape, batch), x.dtype) for x in n.inputs]
-        for k in keys:
-            if k not in arrays:
-                arrays[k] = _random_input(*k, rng)
-        runs[sig] = (REGISTRY[n.op].forward, [arrays[k] for k in keys], n.attrs)
-    times: dict[str, list[float]] = {sig: [] for sig in runs}
-    for rep in range(max(repeats, 1) + 1):
-        for sig, (forward, ins, attrs) in runs.items():
-            t0 = time.perf_counter()
-            forward(ins, attrs)
-            if rep:
-                times[sig].append(time.perf_counter() - t0)
-    return {sig: statistics.median(t) for sig, t in times.items()}
-
-
-def _time_update(repeats: int, size: int = 1 << 24) -> float:
-    """Bytes of memory passes per second of the SGD update kernel on a 64 MB float32
-    parameter (larger than a last-level cache)."""
-    from graphflow.optim import SGD  # the optimizers import numba kernels of their own
-
-    p, g, sgd = np.ones(size, np.float32), np.ones(size, np.float32), SGD(lr=1e-3)
-    times = []
-    for _ in range(max(repeats, 1) + 1):
-        t0 = time.perf_counter()
-        sgd.update("p", p, g)
-        times.append(time.perf_counter() - t0)
-    return UPDATE_PASSES * p.nbytes / statistics.median(times[1:])
-
-
-def _read_cache(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-        return dict(data.get("machines", {})) if data.get("version") == 1 else {}
-    except (OSError, ValueError, AttributeError):
-        return {}
-
-
-def _ping_pong(nbytes: int, rounds: int, timeout: float = 5.0) -> float:
-    """Median one-way seconds of an nbytes tensor between two threads over the transport
-    (graphflow.transport.Endpoint on ipc: the frames, checks and copies a step pays)."""
-    from graphflow.transport.endpoint import Endpoint  # the transport imports zmq
-
-    payload, times = np.zeros(nbytes, np.uint8), []
-    with tempfile.TemporaryDirectory() as d, \
-            Endpoint("a", f"ipc://{d}/a", timeout=timeout) as a, \
-            Endpoint("b", f"ipc://{d}/b", timeout=timeout) as b:
-        a.connect("b", b.address)
-        b.connect("a", a.address)
-
-        def echo() -> None:
-            for i in range(rounds + 1):
-                got = b.recv_any(timeout)
-                if got is None:
-                    return
-                b.send("a", "pong", got[1], step=i)
-
-        thread = threading.Thread(target=echo, daemon=True)
-        thread.start()
-        for i in range(rounds + 1):
-            t0 = time.perf_counter()
-            a.send("b", "ping", payload, step=i)
-            if a.recv_any(timeout) is None:
-                raise TimeoutError(f"link calibration: no echo of a {nbytes} B tensor within "
-                                   f"{timeout:g} s")
-            times.append((time.perf_counter() - t0) / 2)
-        thread.join(timeout)
-    return statistics.median(times[1:])

@@ -1,0 +1,125 @@
+"""How the cost model measures this machine: kernels timed on random inputs, the optimizer's
+update rate, a ZeroMQ ping-pong for the link, and the cache that keeps the results per
+machine and thread setup (`fingerprint`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphflow.ir import Node
+from graphflow.ops.registry import REGISTRY, concrete
+
+UPDATE_PASSES = 3  # an SGD update reads the parameter and its gradient, writes the parameter
+
+
+def fingerprint() -> str:
+    """Identifies this machine and thread setup: calibrations are only reused on a match."""
+    import numba
+
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    cpu = next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "")
+    parts = [platform.machine(), cpu or platform.processor(), str(os.cpu_count()),
+             np.__version__, numba.__version__, str(numba.get_num_threads()),
+             os.environ.get("OPENBLAS_NUM_THREADS", ""), os.environ.get("OMP_NUM_THREADS", "")]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def cache_path() -> Path:
+    """$GRAPHFLOW_COSTMODEL, else ~/.cache/graphflow/costmodel.json."""
+    env = os.environ.get("GRAPHFLOW_COSTMODEL")
+    return Path(env) if env else Path.home() / ".cache" / "graphflow" / "costmodel.json"
+
+
+def _random_input(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
+    if np.dtype(dtype).kind in "iu":
+        return np.zeros(shape, dtype)  # labels and indices: zero is always in range
+    return (rng.random(shape, dtype=dtype) + 0.5).astype(dtype, copy=False)
+
+
+def time_nodes(nodes: Mapping[str, Node], batch: int, repeats: int) -> dict[str, float]:
+    """Median seconds of each node's forward kernel on random inputs: one warm-up pass, then
+    `repeats` passes over all nodes (so a neighbour's burst spreads over many nodes)."""
+    rng, arrays = np.random.default_rng(0), {}  # inputs of one shape and dtype are shared
+    runs = {}
+    for sig, n in nodes.items():
+        keys = [(concrete(x.shape, batch), x.dtype) for x in n.inputs]
+        for k in keys:
+            if k not in arrays:
+                arrays[k] = _random_input(*k, rng)
+        runs[sig] = (REGISTRY[n.op].forward, [arrays[k] for k in keys], n.attrs)
+    times: dict[str, list[float]] = {sig: [] for sig in runs}
+    for rep in range(max(repeats, 1) + 1):
+        for sig, (forward, ins, attrs) in runs.items():
+            t0 = time.perf_counter()
+            forward(ins, attrs)
+            if rep:
+                times[sig].append(time.perf_counter() - t0)
+    return {sig: statistics.median(t) for sig, t in times.items()}
+
+
+def time_update(repeats: int, size: int = 1 << 24) -> float:
+    """Bytes of memory passes per second of the SGD update kernel on a 64 MB float32
+    parameter (larger than a last-level cache)."""
+    from graphflow.optim import SGD  # the optimizers import numba kernels of their own
+
+    p, g, sgd = np.ones(size, np.float32), np.ones(size, np.float32), SGD(lr=1e-3)
+    times = []
+    for _ in range(max(repeats, 1) + 1):
+        t0 = time.perf_counter()
+        sgd.update("p", p, g)
+        times.append(time.perf_counter() - t0)
+    return UPDATE_PASSES * p.nbytes / statistics.median(times[1:])
+
+
+def read_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        return dict(data.get("machines", {})) if data.get("version") == 1 else {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def ping_pong(nbytes: int, rounds: int, timeout: float = 5.0) -> float:
+    """Median one-way seconds of an nbytes tensor between two threads over the transport
+    (graphflow.transport.Endpoint on ipc: the frames, checks and copies a step pays)."""
+    from graphflow.transport.endpoint import Endpoint  # the transport imports zmq
+
+    payload, times = np.zeros(nbytes, np.uint8), []
+    with tempfile.TemporaryDirectory() as d, \
+            Endpoint("a", f"ipc://{d}/a", timeout=timeout) as a, \
+            Endpoint("b", f"ipc://{d}/b", timeout=timeout) as b:
+        a.connect("b", b.address)
+        b.connect("a", a.address)
+
+        def echo() -> None:
+            for i in range(rounds + 1):
+                got = b.recv_any(timeout)
+                if got is None:
+                    return
+                b.send("a", "pong", got[1], step=i)
+
+        thread = threading.Thread(target=echo, daemon=True)
+        thread.start()
+        for i in range(rounds + 1):
+            t0 = time.perf_counter()
+            a.send("b", "ping", payload, step=i)
+            if a.recv_any(timeout) is None:
+                raise TimeoutError(f"link calibration: no echo of a {nbytes} B tensor within "
+                                   f"{timeout:g} s")
+            times.append((time.perf_counter() - t0) / 2)
+        thread.join(timeout)
+    return statistics.median(times[1:])
