@@ -113,6 +113,15 @@ def op_family(op: str) -> str:
     return forward.__module__.rsplit(".", 1)[-1] if forward is not None else op
 
 
+def kernels(graph: Graph, batch: int) -> dict[str, Node]:
+    """One node of each kernel signature of `graph` at `batch`, in graph order."""
+    out: dict[str, Node] = {}
+    for n in graph.toposort():
+        if n.op not in SOURCE_OPS and REGISTRY[n.op].forward:
+            out.setdefault(signature(n, batch), n)
+    return out
+
+
 class CostModel:
     """Seconds per node and per transfer, and a step-time simulator.
 
@@ -163,11 +172,7 @@ class CostModel:
         >>> cm = CostModel.calibrate(gf.models.digits_lc().graph, batch=8)  # doctest: +SKIP
         """
         model = cls.builtin(batch) if refresh else cls.default(batch)
-        todo: dict[str, Node] = {}
-        for n in graph.toposort():
-            sig = signature(n, batch)
-            if n.op not in SOURCE_OPS and REGISTRY[n.op].forward and sig not in model.measured:
-                todo.setdefault(sig, n)
+        todo = {sig: n for sig, n in kernels(graph, batch).items() if sig not in model.measured}
         for sig, seconds in time_nodes(todo, batch, repeats).items():
             flops, read, written = node_cost(todo[sig], batch)
             model.measured[sig] = [seconds, op_family(todo[sig].op), flops, read + written]
@@ -179,19 +184,10 @@ class CostModel:
         model.save()
         return model
 
-    def kernel_times(self, graph: Graph, batch: int, repeats: int = 1) -> dict[str, float]:
-        """A fresh timing of each kernel signature of `graph` at `batch` (median of `repeats`
-        passes), not stored: a benchmark takes one between its measured steps, so kernel times
-        and step times see the same state of a shared machine, then keeps their medians
-        (`use_times`)."""
-        todo: dict[str, Node] = {}
-        for n in graph.toposort():
-            if n.op not in SOURCE_OPS and REGISTRY[n.op].forward:
-                todo.setdefault(signature(n, batch), n)
-        return time_nodes(todo, batch, repeats)
-
     def use_times(self, samples: Mapping[str, Sequence[float]]) -> None:
-        """Take the median of each measured signature's samples as its time; refit."""
+        """Take the median of each measured signature's samples as its time; refit. (A
+        benchmark times the kernels again between its measured steps, `timing.time_nodes`, so
+        kernel and step times see the same state of a shared machine.)"""
         for sig, times in samples.items():
             if sig in self.measured and times:
                 self.measured[sig][0] = statistics.median(times)

@@ -273,6 +273,16 @@ class Graph:
         return "\n".join(lines)
 
 
+def users_of(nodes: Iterable[Node]) -> dict[Node, list[Node]]:
+    """node -> the nodes of `nodes` that read it (once per input slot that reads it)."""
+    nodes = list(nodes)
+    users: dict[Node, list[Node]] = {n: [] for n in nodes}
+    for n in nodes:
+        for x in n.inputs:
+            users.setdefault(x, []).append(n)
+    return users
+
+
 def _graph_stack() -> list[Graph]:
     if not hasattr(_local, "stack"):
         _local.stack = []

@@ -14,7 +14,7 @@ of the 3.1 MB batch instead of all of it.
 
 from __future__ import annotations
 
-from graphflow.ir import Graph, Node
+from graphflow.ir import Graph, Node, users_of
 
 Cut = tuple[int, int, int]  # (axis, lo, hi): the placeholder's rows [lo, hi) along axis
 
@@ -22,10 +22,7 @@ Cut = tuple[int, int, int]  # (axis, lo, hi): the placeholder's rows [lo, hi) al
 def cut_feeds(graph: Graph) -> dict[str, Cut]:
     """Narrow the placeholders of a worker's `graph` read only through slices along one axis,
     in place; returns what to feed each of them."""
-    users: dict[Node, list[Node]] = {n: [] for n in graph.nodes}
-    for n in graph.nodes:
-        for x in n.inputs:
-            users[x].append(n)
+    users = users_of(graph.nodes)
     cuts: dict[str, Cut] = {}
     for ph in graph.placeholders():
         cut = _span(ph, users[ph])

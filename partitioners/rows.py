@@ -13,7 +13,7 @@ from math import prod
 import numpy as np
 
 from graphflow.costmodel import CostModel
-from graphflow.ir import Graph, Node
+from graphflow.ir import Graph, Node, users_of
 
 UNARY = {"relu", "sigmoid", "tanh", "exp", "log", "neg", "sqrt", "square"}
 WINDOWED = {"local2d": 0, "conv2d": 2, "max_pool2d": 2, "avg_pool2d": 2}  # op -> its row axis
@@ -78,10 +78,7 @@ def halo_first(graph: Graph, rows: dict[Node, list[tuple[int, int]]]
     own block: the worker computes and sends them first (the dataflow runs what leads to a
     send first) and its neighbours do not wait for its whole block. Returns the new bounds
     and, per block, its worker."""
-    users: dict[Node, list[Node]] = {n: [] for n in graph.nodes}
-    for n in graph.nodes:
-        for x in n.inputs:
-            users[x].append(n)
+    users = users_of(graph.nodes)
     out_rows, owners = {}, {}
     for n, bounds in rows.items():
         needs = []  # (worker, [lo, hi)) rows of n each next layer's block reads

@@ -3,13 +3,13 @@
 import pytest
 
 import graphflow as gf
+from graphflow.ir import users_of
 from graphflow.partitioners import partition
 from graphflow.runtime.pipeline import (
     ALL,
     check_linear,
     deferred_weight_nodes,
     schedule,
-    users_of,
 )
 
 

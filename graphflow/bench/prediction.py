@@ -8,9 +8,10 @@ import argparse
 from typing import Any
 
 from graphflow.costmodel import SOURCE_OPS, CostModel, Link
+from graphflow.ir import users_of
 from graphflow.models import Model
 from graphflow.partitioners import Plan, partition
-from graphflow.runtime.pipeline import deferred_weight_nodes, users_of
+from graphflow.runtime.pipeline import deferred_weight_nodes
 
 
 def workers_used(plan: Plan) -> int:

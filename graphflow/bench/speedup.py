@@ -39,12 +39,14 @@ from graphflow.bench import (
     single_threaded,
 )
 from graphflow.bench.prediction import predict, predict_curve, workers_used
-from graphflow.costmodel import CostModel
+from graphflow.costmodel import CostModel, kernels
+from graphflow.ir import Node
 from graphflow.models import WORKLOADS as BUILDERS
 from graphflow.models import Model
 from graphflow.partitioners import STRATEGIES, Plan, partition
 from graphflow.progress import Progress
 from graphflow.runtime.cluster import Cluster
+from graphflow.timing import time_nodes
 from graphflow.trace import recording
 
 WORKLOADS = ("lc-large", "speech-mlp", "digits-lc")
@@ -180,7 +182,8 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
     plan1 = partition(model.graph, 1, "layerwise", loss=model.loss)
     cost = CostModel.calibrate(plan1.graph, args.batch, args.repeats,
                                refresh=not args.cached_calibration)
-    timed = [(plan1.graph, args.batch)]  # kernels timed again between the rounds
+    # kernels timed again between the rounds, each signature once: batch -> signature -> node
+    retimed: dict[int, dict[str, Node]] = {args.batch: kernels(plan1.graph, args.batch)}
     plans: dict[int, Plan] = {}
     todo = [(v, n) for v in variants(args) for n in args.workers[1:]]
     points = [{"workload": model.name, "strategy": label, "workers": n, "microbatches": mb}
@@ -198,7 +201,7 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
                 points[i].update(workers_used=workers_used(plan), times_s=[])
                 for b in {args.batch // mb, args.batch}:
                     CostModel.calibrate(plan.graph, b, args.repeats)  # (new kernel shapes)
-                    timed.append((plan.graph, b))
+                    retimed.setdefault(b, {}).update(kernels(plan.graph, b))
                 running[i] = stack.enter_context(_cluster(plan, args, mb, feeds,
                                                           f"{label} P={n}"))
             except Exception as e:  # noqa: BLE001 - one failed point is reported
@@ -208,8 +211,8 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
         samples: dict[str, list[float]] = {}
 
         def retime() -> None:
-            for graph, b in timed:
-                for sig, seconds in cost.kernel_times(graph, b).items():
+            for b, nodes in retimed.items():
+                for sig, seconds in time_nodes(nodes, b, repeats=1).items():
                     samples.setdefault(sig, []).append(seconds)
 
         ceiling = time_rounds(base, other, running, points, feeds, args, bar, retime)

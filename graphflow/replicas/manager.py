@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -36,7 +35,7 @@ from graphflow.ps.client import PSClient
 from graphflow.ps.layout import Layout
 from graphflow.replicas.link import MODES as PS_MODES
 from graphflow.replicas.shards import ShardGroup
-from graphflow.runtime.cluster import Cluster, read_cluster_file
+from graphflow.runtime.cluster import Cluster, load_cluster_file
 
 log = logging.getLogger("graphflow.replicas")
 
@@ -88,11 +87,11 @@ class ReplicaOptions:
     def with_cluster_file(self, path: str) -> ReplicaOptions:
         """These options with `hosts` and `ps_host` from a TOML cluster file:
         `workers = ["tcp://10.0.0.2:5555", ...]` and `ps_host = "10.0.0.1"`."""
-        with open(path, "rb") as f:
-            ps_host = tomllib.load(f).get("ps_host")
+        data = load_cluster_file(path)
+        ps_host = data.get("ps_host")
         if ps_host is not None and not isinstance(ps_host, str):
             raise ValueError(f"{path}: ps_host must be a string such as \"10.0.0.1\"")
-        return replace(self, hosts=read_cluster_file(path), ps_host=ps_host)
+        return replace(self, hosts=data["workers"], ps_host=ps_host)
 
 
 @dataclass

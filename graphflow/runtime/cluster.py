@@ -47,6 +47,11 @@ from graphflow.transport.rpc import RemoteError, RpcClient
 
 def read_cluster_file(path: str) -> list[str]:
     """The worker control addresses listed in a TOML cluster file (`workers = [...]`)."""
+    return load_cluster_file(path)["workers"]
+
+
+def load_cluster_file(path: str) -> dict[str, Any]:
+    """A TOML cluster file's contents, its `workers` checked to be tcp://HOST:PORT."""
     with open(path, "rb") as f:
         data = tomllib.load(f)
     workers = data.get("workers")
@@ -55,7 +60,7 @@ def read_cluster_file(path: str) -> list[str]:
     bad = [w for w in workers if urlparse(w).scheme != "tcp" or not urlparse(w).port]
     if bad:
         raise ValueError(f"{path}: worker address {bad[0]!r} is not tcp://HOST:PORT")
-    return workers
+    return data
 
 
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")

@@ -57,15 +57,6 @@ def batch_axis(node: Node) -> int | None:
     return axes[0] if len(axes) == 1 else None
 
 
-def users_of(order: list[Node]) -> dict[Node, list[Node]]:
-    """node -> the nodes of `order` that read it."""
-    users: dict[Node, list[Node]] = {n: [] for n in order}
-    for n in order:
-        for x in n.inputs:
-            users[x].append(n)
-    return users
-
-
 def deferred_weight_nodes(order: list[Node], users: dict[Node, list[Node]],
                           grad_nodes: set[Node]) -> list[Node]:
     """The backward nodes that only feed parameter gradients and can run once over the joined

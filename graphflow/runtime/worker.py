@@ -22,7 +22,7 @@ import numpy as np
 from graphflow.errors import GraphflowError, located
 from graphflow.executor import checked_value, run_kernel
 from graphflow.init import initial_value
-from graphflow.ir import Graph, Node
+from graphflow.ir import Graph, Node, users_of
 from graphflow.optim import OPTIMIZERS, Optimizer
 from graphflow.runtime import pipeline
 from graphflow.trace.recorder import EXECUTOR, RECV, SEND, Recorder, clock
@@ -87,7 +87,7 @@ class Worker:
         # parameter -> its gradient node, for the parameters this worker holds
         self.grads = {p: g for p, g in grads.items() if p in self.params}
         self.order = graph.toposort()
-        self.users = pipeline.users_of(self.order)
+        self.users = users_of(self.order)
         # what leads to a send, by its distance in nodes to the nearest send it feeds
         self.urgent = _steps_to_send(self.order, self.users)
         self.position = {n: i for i, n in enumerate(self.order)}
@@ -211,11 +211,17 @@ class Worker:
         # a peer may be waiting on a send: sends first, then what leads to one, the nearest
         # send's first (a halo before the rest of a block), then the rest in graph order
         urgent: list[tuple[int, int, Node]] = []
-        ready = deque(n for n in nodes if remaining[n] == 0 and n.op != "recv"
-                      and n not in self.urgent)
-        for n in nodes:
-            if remaining[n] == 0 and n in self.urgent:
+        ready: deque[Node] = deque()
+
+        def enqueue(n: Node) -> None:
+            if n in self.urgent:
                 heapq.heappush(urgent, (self.urgent[n], self.position[n], n))
+            else:
+                ready.append(n)
+
+        for n in nodes:
+            if remaining[n] == 0 and n.op != "recv":
+                enqueue(n)
         waiting = {k: n for k, n in self.recvs.items() if n in members}
         done = 0
 
@@ -227,10 +233,7 @@ class Worker:
                 if u in members:
                     remaining[u] -= 1
                     if remaining[u] == 0:
-                        if u in self.urgent:
-                            heapq.heappush(urgent, (self.urgent[u], self.position[u], u))
-                        else:
-                            ready.append(u)
+                        enqueue(u)
             for x in n.inputs:  # free inputs nobody else needs
                 run.pending_users[x] -= 1
                 if run.pending_users[x] == 0 and x.name not in keep and x.op != "parameter":
