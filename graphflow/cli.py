@@ -235,7 +235,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from graphflow.autodiff import gradients
     from graphflow.models import WORKLOADS
 
-    model = WORKLOADS[args.workload]()
+    model = WORKLOADS[args.workload](batch=None)  # symbolic: the figures are at --batch
     if args.parts > 1:
         from graphflow.partitioners import STRATEGIES, partition
 

@@ -1,8 +1,11 @@
 """The command: --help, exit codes, errors on stderr, JSON output."""
 
 import json
+import re
 import subprocess
 import sys
+
+import pytest
 
 
 def run(*args):
@@ -45,6 +48,13 @@ def test_partitioned_training_and_plan_report():
     assert r.returncode == 0 and "predicted step" in r.stdout and "plan: spatial" in r.stdout
     r = run("show", "digits-lc", "--parts", "2", "--strategy", "all")
     assert r.returncode == 0 and all(s in r.stdout for s in ("spatial", "layerwise", "mincut"))
+    cut = {}  # the plan's figures are at --batch (they were at the model's default 64)
+    for batch in (64, 128):
+        r = run("show", "speech-mlp", "--parts", "2", "--strategy", "layerwise",
+                "--batch", str(batch))
+        assert r.returncode == 0, r.stderr
+        cut[batch] = float(re.search(r"transfers of ([\d.]+) MB", r.stdout).group(1))
+    assert cut[128] == pytest.approx(2 * cut[64], rel=0.01)
     r = run("train", "digits-lc", "--cluster", "/no/such/file.toml", "--no-progress")
     assert r.returncode == 1 and "No such file" in r.stderr
 
