@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from math import prod
 
+from graphflow.argtypes import count, non_negative
 from graphflow.errors import GraphflowError
 from graphflow.runtime.heap import keep_freed_memory
 
@@ -53,8 +54,9 @@ def _parser() -> argparse.ArgumentParser:
                                    "reports held-out accuracy, the others use synthetic data.",
                        epilog="example: graphflow train digits-lc --steps 1500")
     t.add_argument("workload", nargs="?", default="digits-lc", choices=sorted(WORKLOADS))
-    t.add_argument("--steps", type=int, default=None, help="training steps (default: per workload)")
-    t.add_argument("--batch", type=int, default=None, help="mini-batch size")
+    t.add_argument("--steps", type=count, default=None,
+                   help="training steps (default: per workload)")
+    t.add_argument("--batch", type=count, default=None, help="mini-batch size")
     t.add_argument("--optimizer", default="adagrad", choices=sorted(OPTIMIZERS))
     t.add_argument("--lr", type=float, default=None, help="learning rate")
     t.add_argument("--seed", type=int, default=0)
@@ -67,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
                         "kernels, sends, receives, PS calls) here; draw it with `graphflow "
                         "timeline FILE`")
     m = t.add_argument_group("model parallelism")
-    m.add_argument("--parts", type=int, default=1, help="workers to split the model across")
+    m.add_argument("--parts", type=count, default=1, help="workers to split the model across")
     m.add_argument("--strategy", default="spatial", choices=STRATEGIES,
                    help="placement strategy (default spatial)")
     m.add_argument("--mode", default="threads", choices=["threads", "processes"],
@@ -77,13 +79,13 @@ def _parser() -> argparse.ArgumentParser:
                         "workers = [\"tcp://HOST:PORT\", ...]; with --replicas R it lists "
                         "R x parts workers and ps_host = \"ADDRESS\" of this machine, where "
                         "the shards listen")
-    m.add_argument("--microbatches", type=int, default=1,
+    m.add_argument("--microbatches", type=count, default=1,
                    help="pipeline each batch in this many micro-batches (layerwise plans)")
     m.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"])
     d = t.add_argument_group("data parallelism (parameter server)")
-    d.add_argument("--replicas", type=int, default=1,
+    d.add_argument("--replicas", type=count, default=1,
                    help="model replicas sharing a sharded parameter server (default 1: none)")
-    d.add_argument("--ps-shards", type=int, default=2, help="parameter-server shards (2)")
+    d.add_argument("--ps-shards", type=count, default=2, help="parameter-server shards (2)")
     d.add_argument("--sync", default="downpour",
                    choices=["downpour", "bsp", "ssp", "allreduce", "sandblaster"],
                    help="downpour (async), bsp (barrier each step), ssp (bounded staleness), "
@@ -91,10 +93,11 @@ def _parser() -> argparse.ArgumentParser:
                         "per batch)")
     d.add_argument("--allreduce", default="ring", choices=["ring", "tree"],
                    help="the allreduce algorithm of --sync allreduce (ring)")
-    d.add_argument("--n-fetch", type=int, default=1, help="downpour: fetch every N steps")
-    d.add_argument("--n-push", type=int, default=1, help="downpour: push every N steps")
-    d.add_argument("--staleness", type=int, default=2, help="ssp: clocks ahead allowed (2)")
-    d.add_argument("--warm-start", type=int, default=0,
+    d.add_argument("--n-fetch", type=count, default=1, help="downpour: fetch every N steps")
+    d.add_argument("--n-push", type=count, default=1, help="downpour: push every N steps")
+    d.add_argument("--staleness", type=non_negative, default=2,
+                   help="ssp: clocks ahead allowed (2)")
+    d.add_argument("--warm-start", type=non_negative, default=0,
                    help="steps replica 0 runs alone before the others join")
     d.add_argument("--compress", default=None, metavar="CODEC",
                    help="gradient compression on push: float16 or topk:FRACTION")
@@ -105,11 +108,11 @@ def _parser() -> argparse.ArgumentParser:
                        epilog="example: graphflow show lc-large --parts 2 --strategy spatial")
     s.add_argument("workload", choices=sorted(WORKLOADS))
     s.add_argument("--backward", action="store_true", help="include the gradient nodes")
-    s.add_argument("--parts", type=int, default=1,
+    s.add_argument("--parts", type=count, default=1,
                    help="partition it for this many workers and print the plan's report")
     s.add_argument("--strategy", default="spatial", choices=[*STRATEGIES, "all"],
                    help="placement strategy; `all` compares their cuts and predicted steps")
-    s.add_argument("--batch", type=int, default=64, help="batch size for the plan's figures")
+    s.add_argument("--batch", type=count, default=64, help="batch size for the plan's figures")
 
     sub.add_parser("ops", help="list the registered ops", epilog="example: graphflow ops")
 

@@ -25,6 +25,15 @@ def test_help_and_usage_errors():
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
 
+def test_bad_counts_are_usage_errors():
+    # --steps 0 used to run the default 1500 steps, --parts -1 one process, --steps -3 crashed
+    for args, expected in ((("train", "--steps", "0"), "argument --steps: must be >= 1, got 0"),
+                           (("train", "--parts", "-1"), "argument --parts: must be >= 1"),
+                           (("bench", "speedup", "--batch", "x"), "'x' is not an integer")):
+        r = run(*args)
+        assert r.returncode == 2 and expected in r.stderr, (args, r.stderr[-300:])
+
+
 def test_ops_lists_the_registry():
     r = run("ops")
     assert r.returncode == 0 and "local2d" in r.stdout and "softmax_cross_entropy" in r.stdout

@@ -64,17 +64,6 @@ def csv_choices(allowed: Sequence[str]) -> Callable[[str], list[str]]:
     return parse
 
 
-def csv_counts(text: str) -> list[int]:
-    """An argparse type: comma-separated worker counts >= 1, sorted, always including 1."""
-    try:
-        counts = {int(s) for s in text.split(",") if s.strip()}
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a list of integers") from None
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"'{text}': worker counts must be >= 1")
-    return sorted(counts | {1})
-
-
 def machine_info() -> dict[str, Any]:
     """Host, CPU, core count, load average and library versions, for results files."""
     import numba

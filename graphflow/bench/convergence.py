@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from graphflow import datasets, models
+from graphflow.argtypes import count
 from graphflow.bench import (
     add_trace_option,
     csv_choices,
@@ -48,11 +49,11 @@ def parser() -> argparse.ArgumentParser:
         epilog="example: graphflow bench convergence --modes downpour-adagrad,bsp --steps 800")
     p.add_argument("--modes", type=csv_choices(MODES), default=list(MODES),
                    help=f"comma-separated (default all: {','.join(MODES)})")
-    p.add_argument("--replicas", type=int, default=2, help="model replicas (2)")
-    p.add_argument("--shards", type=int, default=2, help="parameter-server shards (2)")
-    p.add_argument("--steps", type=int, default=1500,
+    p.add_argument("--replicas", type=count, default=2, help="model replicas (2)")
+    p.add_argument("--shards", type=count, default=2, help="parameter-server shards (2)")
+    p.add_argument("--steps", type=count, default=1500,
                    help="mini-batches per mode, all replicas together (1500)")
-    p.add_argument("--batch", type=int, default=32, help="mini-batch size (32)")
+    p.add_argument("--batch", type=count, default=32, help="mini-batch size (32)")
     p.add_argument("--lr", type=float, default=0.03, help="Adagrad's learning rate (0.03)")
     p.add_argument("--sgd-lr", type=float, default=0.05, help="fixed SGD rate (0.05)")
     p.add_argument("--placement", default="processes", choices=["processes", "threads"],

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from graphflow.argtypes import count, non_negative
 from graphflow.bench import add_trace_option, format_table, machine_info, single_threaded
 from graphflow.progress import Progress
 from graphflow.ps import Layout, PSClient, ShardProcess, start_shard_process
@@ -63,11 +64,12 @@ def parser() -> argparse.ArgumentParser:
         epilog="example: graphflow bench ps --rounds 9 --pushes 100 --shards 1,2")
     p.add_argument("--shards", default="1,2,4",
                    help="shard counts of the scaling part, comma-separated (1,2,4)")
-    p.add_argument("--pushes", type=int, default=60,
+    p.add_argument("--pushes", type=count, default=60,
                    help="1 MB pushes per round (the 4 MB scaling points do a third) (60)")
-    p.add_argument("--rounds", type=int, default=15,
+    p.add_argument("--rounds", type=count, default=15,
                    help="timed rounds; medians over them (15)")
-    p.add_argument("--warmup", type=int, default=20, help="untimed pushes per point (20)")
+    p.add_argument("--warmup", type=non_negative, default=20,
+                   help="untimed pushes per point (20)")
     p.add_argument("--json", type=Path, default=Path("benchmarks/results/ps.json"),
                    help="every rate and the machine (%(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")

@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from graphflow.argtypes import count, csv_counts, non_negative
 from graphflow.bench import (
     add_trace_option,
     csv_choices,
-    csv_counts,
     format_table,
     machine_info,
     single_threaded,
@@ -81,12 +81,12 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated (default spatial,layerwise,mincut)")
     p.add_argument("--workers", type=csv_counts, default=[1, 2],
                    help="worker counts, comma-separated; 1 is always measured (default 1,2)")
-    p.add_argument("--steps", type=int, default=None, help="timed steps per point (5)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed steps per point (2)")
-    p.add_argument("--batch", type=int, default=None, help="mini-batch size (64)")
+    p.add_argument("--steps", type=count, default=None, help="timed steps per point (5)")
+    p.add_argument("--warmup", type=non_negative, default=None, help="untimed steps per point (2)")
+    p.add_argument("--batch", type=count, default=None, help="mini-batch size (64)")
     p.add_argument("--mode", choices=("processes", "threads"), default="processes",
                    help="one process per worker (default) or one thread per worker")
-    p.add_argument("--microbatches", type=int, default=None,
+    p.add_argument("--microbatches", type=count, default=None,
                    help="micro-batches of the pipelined layerwise rows (4; 1: none)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b",
                    help="pipeline schedule of the pipelined layerwise rows (1f1b)")

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from graphflow.argtypes import count, csv_counts
 from graphflow.bench import (
     add_trace_option,
-    csv_counts,
     format_table,
     machine_info,
     single_threaded,
@@ -45,8 +45,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=csv_counts, default=[1, 2, 4],
                    help="replica counts, comma-separated (1,2,4)")
     p.add_argument("--mb", type=float, default=4.0, help="gradient size in MB (4)")
-    p.add_argument("--shards", type=int, default=2, help="parameter-server shards (2)")
-    p.add_argument("--repeats", type=int, default=15, help="timed exchanges per point (15)")
+    p.add_argument("--shards", type=count, default=2, help="parameter-server shards (2)")
+    p.add_argument("--repeats", type=count, default=15, help="timed exchanges per point (15)")
     p.add_argument("--json", type=Path, default=Path("benchmarks/results/sync.json"))
     p.add_argument("--png", type=Path, default=Path("benchmarks/results/sync.png"))
     add_trace_option(p)

@@ -18,6 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
+from graphflow.argtypes import count, non_negative
 from graphflow.errors import GraphflowError
 from graphflow.ps.server import serve_shard
 
@@ -29,11 +30,11 @@ def parser(prog: str = "python -m graphflow.ps") -> argparse.ArgumentParser:
         epilog="example: python -m graphflow.ps --listen tcp://127.0.0.1:5700 --index 0 "
                "--shards 1 --checkpoint-dir ckpt --checkpoint-seconds 30")
     p.add_argument("--listen", required=True, help="address to bind (ipc://, tcp://, ...)")
-    p.add_argument("--index", type=int, default=0, help="this shard's index (0)")
-    p.add_argument("--shards", type=int, default=1, help="how many shards there are (1)")
+    p.add_argument("--index", type=non_negative, default=0, help="this shard's index (0)")
+    p.add_argument("--shards", type=count, default=1, help="how many shards there are (1)")
     p.add_argument("--checkpoint-dir", type=Path, default=None,
                    help="where checkpoints are written and restored from (none: no checkpoints)")
-    p.add_argument("--checkpoint-every", type=int, default=0,
+    p.add_argument("--checkpoint-every", type=non_negative, default=0,
                    help="write a checkpoint every N applied updates (0: not by count)")
     p.add_argument("--checkpoint-seconds", type=float, default=0.0,
                    help="write a checkpoint every T seconds when something changed (0: never)")

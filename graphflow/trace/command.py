@@ -12,6 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
+from graphflow.argtypes import count
 from graphflow.trace.chrome import read
 from graphflow.trace.summary import coverage, report
 
@@ -42,7 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", type=Path, help="a trace-event JSON file")
     parser.add_argument("-o", "--output", type=Path, default=None,
                         help="the PNG to write (default: the trace's path with .png)")
-    parser.add_argument("--last-steps", type=int, default=None, metavar="N",
+    parser.add_argument("--last-steps", type=count, default=None, metavar="N",
                         help="draw only the last N steps the driver timed")
     parser.add_argument("--window", type=_window, default=None, metavar="FROM:TO",
                         help="draw only this time range, in ms since the trace began")

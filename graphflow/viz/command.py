@@ -19,6 +19,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from graphflow.argtypes import count
 from graphflow.errors import GraphflowError
 from graphflow.viz.api import FORMATS, VIEWS, render
 from graphflow.viz.diagram import DETAILS
@@ -36,7 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL",
                         help="lc-large, speech-mlp, digits-lc, module:function or "
                              "file.py[:function] (default function: build_model)")
-    parser.add_argument("--parts", type=int, default=2, help="workers to split it across (2)")
+    parser.add_argument("--parts", type=count, default=2, help="workers to split it across (2)")
     parser.add_argument("--strategy", default="spatial", choices=STRATEGIES,
                         help="placement strategy (spatial)")
     parser.add_argument("-o", "--output", default="plan.svg", metavar="FILE",
@@ -50,7 +51,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--view", default="plan", choices=VIEWS,
                         help="the plan (graph, bars and spatial view) or only the spatial "
                              "view of its local2d / conv layers (plan)")
-    parser.add_argument("--batch", type=int, default=64,
+    parser.add_argument("--batch", type=count, default=64,
                         help="batch size for bytes, FLOPs and predicted times (64)")
     parser.add_argument("--json", action="store_true",
                         help="print a summary of each plan as JSON on stdout")
