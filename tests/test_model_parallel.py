@@ -125,3 +125,38 @@ def test_each_tensor_crosses_once_per_destination_at_run_time():
     sent = [key for s in stats for key in s["sent_keys"]]
     assert len(sent) == len(set(sent)) == len(plan.transfers)
     assert sum(s["bytes_sent"] for s in stats) == sum(t.nbytes(2) for t in plan.transfers)
+
+
+def test_first_stage_fills_its_cooldown_waits_with_weight_gradients(tmp_path):
+    """A light first stage before a heavy second one: while it waits for a late micro-batch's
+    gradient, the first stage already runs the weight-gradient (W) work of the micro-batches
+    done so far, in more than one W run, and the gradients still equal one process's."""
+    from graphflow.trace import read, recording
+    from graphflow.trace.chrome import events
+
+    with gf.Graph() as g:
+        x = gf.placeholder("x", (None, 16))
+        y = gf.placeholder("y", (None,), dtype="int32")
+        h = gf.sigmoid(gf.layers.dense(x, 32, name="fc1"))
+        with gf.device("worker:1"):
+            h = gf.sigmoid(gf.layers.dense(h, 1536, name="big1"))
+            h = gf.sigmoid(gf.layers.dense(h, 1536, name="big2"))
+            loss = gf.softmax_cross_entropy(gf.layers.dense(h, 10, name="out"), y)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((64, 16), dtype=np.float32),
+             "y": rng.integers(0, 10, 64).astype(np.int32)}
+    plan = partition(g, 2, "manual", loss=loss)
+    with Cluster(plan, microbatches=4, schedule="1f1b", timeout=60) as cluster:
+        cluster.gradients(feeds)
+        with recording(tmp_path / "step.json"):
+            out = cluster.gradients(feeds)
+    spans = [e.name for e in events(read(tmp_path / "step.json"))
+             if e.process == "worker 0" and e.thread == "executor"]
+    assert spans.count("grad/fc1/matmul/matmul") >= 2, spans  # one W run at the end before
+
+    grads = gf.gradients(loss, g.parameters())
+    values = gf.Session(g).run([loss, *grads.values()], {x: feeds["x"], y: feeds["y"]})
+    assert_close(out.pop("loss"), values[0], "loss")
+    got = plan.assemble(out)
+    for name, want in zip(grads, values[1:], strict=True):
+        assert_close(got[name], want, f"gradient of {name}")

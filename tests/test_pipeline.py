@@ -10,6 +10,7 @@ from graphflow.runtime.pipeline import (
     check_linear,
     deferred_weight_nodes,
     schedule,
+    simulate,
 )
 
 
@@ -99,3 +100,20 @@ def test_a_batch_free_per_microbatch_input_keeps_a_gradient_per_microbatch(batch
             dw = gf.add(dw, gf.reduce_sum(gf.square(x)), name="grad/w")
     want = [] if batch_free_term else ["grad/xt", "grad/dw"]
     assert _deferred_in(g, [dw]) == want
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages,microbatches", [(2, 4), (3, 4), (4, 8)])
+def test_simulated_bubble_of_equal_stages(kind, stages, microbatches):
+    """Both schedules keep S - 1 idle slots of forward and of backward per stage."""
+    ends = simulate(kind, microbatches, [1.0] * stages, [1.0] * stages, [0.0] * stages)
+    assert ends[0] == 2 * (microbatches + stages - 1)
+
+
+def test_simulated_first_stage_runs_weight_gradients_while_a_gradient_is_late():
+    # stage 1 (2 s per F or B) is slower than stage 0 (1 s): stage 0 waits 9 - 6 s for the
+    # last gradient and does micro-batch 0's W (1 s) then; micro-batch 1's W ends the step
+    ends = simulate("1f1b", 2, forward=[1, 2], backward=[1, 2], weights=[1, 0])
+    assert ends == [11.0, 9.0]  # without the early W: 12
+    # a tensor's hop between the stages delays each dependent task by it
+    assert simulate("gpipe", 1, [1, 1], [1, 1], [0, 0], hops=[0.5]) == [5.0, 3.5]

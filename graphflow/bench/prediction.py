@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from graphflow.costmodel import SOURCE_OPS, CostModel, Link
+from graphflow.costmodel import SOURCE_OPS, CostModel, Link, tensor_bytes
 from graphflow.ir import users_of
 from graphflow.models import Model
 from graphflow.partitioners import Plan, partition
-from graphflow.runtime.pipeline import deferred_weight_nodes
+from graphflow.runtime.pipeline import deferred_weight_nodes, is_backward, simulate
+from graphflow.timing import UPDATE_PASSES
 
 
 def workers_used(plan: Plan) -> int:
@@ -21,32 +22,40 @@ def workers_used(plan: Plan) -> int:
 
 def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
             link: Link | None = None, cost: CostModel | None = None,
-            contention: float = 1.0) -> float:
+            contention: float = 1.0, schedule: str = "1f1b") -> float:
     """The cost model's step seconds for `plan` (with `cost`, or kernels of its graph
     calibrated first; the link is the calibrated local one unless given), the driver's
-    shipping of the inputs included. Pipelined: one micro-batch's step plus
-    (microbatches - 1) times the busiest stage's micro-batch work (fill, then steady state),
-    where the weight-gradient work runs once at the end over the whole batch (the W phase,
-    stages side by side) rather than once per micro-batch. With `contention` (see
-    CostModel.predict), what workers compute at once runs that much slower."""
+    shipping of the inputs included. With `contention` (see CostModel.predict), what workers
+    compute at once runs that much slower. Pipelined: the stages' forward, backward and
+    weight-gradient work per micro-batch, run through the worker's `schedule`
+    (pipeline.simulate), then each stage's parameter update."""
     mb = batch // microbatches
     cm = cost or CostModel.calibrate(plan.graph, mb, repeats)
     link = link or cm.link
     # the driver ships each worker its inputs and then waits for the replies
     dispatch = max(link.seconds(w.fed_bytes(batch)) for w in plan.workers) + link.latency_s
-    p = cm.predict(plan.graph, plan.placement, mb, link=link, contention=contention)
     if microbatches == 1:
+        p = cm.predict(plan.graph, plan.placement, mb, link=link, contention=contention)
         return dispatch + p.step_seconds
     whole = cost or CostModel.calibrate(plan.graph, batch, repeats)
-    w_mb, w_whole = [0.0] * plan.parts, [0.0] * plan.parts
-    for name, w in weight_phase(plan).items():
-        w_mb[w] += cm.node_seconds(plan.graph[name], mb)
-        w_whole[w] += whole.node_seconds(plan.graph[name], batch)
-    busy = [b - x for b, x in zip(p.busy, w_mb)]
-    # in the steady state and the W phase the stages compute side by side
     side_by_side = contention if plan.parts > 1 else 1.0
-    return (dispatch + p.step_seconds - max(w_mb)
-            + side_by_side * ((microbatches - 1) * max(busy, default=0.0) + max(w_whole)))
+    work = {phase: [0.0] * plan.parts for phase in "FBW"}
+    update = [0.0] * plan.parts
+    weights = weight_phase(plan)
+    for n in plan.graph.nodes:
+        w = plan.placement[n.name]
+        if n.op == "parameter":
+            update[w] += UPDATE_PASSES * tensor_bytes(n, batch) / cm.update_Bps
+        elif n.name in weights:  # W runs over joined micro-batches: timed at the whole batch
+            work["W"][w] += side_by_side * whole.node_seconds(n, batch) / microbatches
+        elif n.op not in SOURCE_OPS:
+            work["B" if is_backward(n) else "F"][w] += side_by_side * cm.node_seconds(n, mb)
+    hops = [0.0] * (plan.parts - 1)
+    for t in plan.transfers:  # a micro-batch's tensors between neighbouring stages
+        lo = min(t.src, t.dst)
+        hops[lo] = max(hops[lo], link.seconds(t.nbytes(mb)))
+    ends = simulate(schedule, microbatches, work["F"], work["B"], work["W"], hops)
+    return dispatch + max(end + u for end, u in zip(ends, update, strict=True))
 
 
 def weight_phase(plan: Plan) -> dict[str, int]:
@@ -69,7 +78,8 @@ def predict_curve(model: Model, strategy: str, microbatches: int, args: argparse
         point: dict[str, Any] = {"workers": n}
         try:
             plan = partition(model.graph, n, strategy, loss=model.loss, cost=cost)
-            step = predict(plan, args.batch, microbatches if n > 1 else 1, args.repeats, link)
+            step = predict(plan, args.batch, microbatches if n > 1 else 1, args.repeats, link,
+                           schedule=args.schedule)
             one = one or step
             used = workers_used(plan)
             point.update(predicted_s=step, speedup=one / step, workers_used=used)

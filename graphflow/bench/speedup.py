@@ -226,7 +226,8 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
     for i, plan in plans.items():
         if "error" not in points[i]:
             points[i]["predicted_s"] = predict(plan, args.batch, points[i]["microbatches"],
-                                               args.repeats, cost=cost, contention=contention)
+                                               args.repeats, cost=cost, contention=contention,
+                                               schedule=args.schedule)
     for pt in points:
         if pt.get("times_s") and "error" not in pt:
             pt["median_s"] = statistics.median(pt["times_s"])

@@ -14,10 +14,14 @@ run once at the end over all micro-batches: ALL). The worker runs exactly this l
 Deferring weight gradients (as zero-bubble pipelines split backward into B and W) means one
 full-batch gemm per weight instead of a small one per micro-batch, and one gradient written
 instead of one per micro-batch summed: micro-batches re-read weights but no longer re-write
-them. The last stage runs its W while the first drains.
+them. The last stage runs its W while the first drains. The first stage, whose backward feeds
+no other stage, also runs W early (the worker decides at run time): in its cooldown, whenever
+the next micro-batch's gradient has not arrived yet, over the micro-batches done so far.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from graphflow.ir import Node
 
@@ -103,3 +107,48 @@ def check_linear(transfers: list[tuple[str, int, int]]) -> None:
             raise ValueError(f"tensor '{key}' goes from worker {src} to worker {dst}: micro-batch "
                              "pipelining needs a layerwise plan (forward values flow to later "
                              "stages, gradients to earlier ones)")
+
+
+def simulate(kind: str, microbatches: int, forward: Sequence[float], backward: Sequence[float],
+             weights: Sequence[float], hops: Sequence[float] = ()) -> list[float]:
+    """When each stage ends its step under schedule `kind`, the worker's rules included:
+    stage s takes forward[s] / backward[s] seconds per micro-batch and weights[s] per
+    micro-batch of W work; a micro-batch's tensors take hops[s] seconds between stages s and
+    s + 1 (either way); the first stage runs W early in its cooldown while a gradient is late.
+
+    >>> simulate("gpipe", 2, [1, 1], [1, 1], [0, 0])  # fill, 2 + 2 busy, drain
+    [6.0, 5.0]
+    """
+    stages = len(forward)
+    hops = list(hops) or [0.0] * (stages - 1)
+    tasks = [schedule(kind, s, stages, microbatches) for s in range(stages)]
+    done: dict[tuple[str, int, int], float] = {}  # (phase, stage, micro-batch) -> end time
+    free, nxt, pending = [0.0] * stages, [0] * stages, [0] * stages
+    last_forward = [max(i for i, (p, _) in enumerate(t) if p == "F") for t in tasks]
+    while any(nxt[s] < len(tasks[s]) for s in range(stages)):
+        progressed = False
+        for s in range(stages):
+            while nxt[s] < len(tasks[s]):
+                phase, mb = tasks[s][nxt[s]]
+                if phase == "W":
+                    free[s] += pending[s] * weights[s]
+                    pending[s] = 0
+                    nxt[s] += 1
+                    continue
+                # the input: the previous stage's forward, or the next stage's backward
+                src = ("F", s - 1, mb) if phase == "F" else ("B", s + 1, mb)
+                if 0 <= src[1] < stages and src not in done:
+                    break  # that stage has not got there yet
+                ready = done[src] + hops[min(s, src[1])] if 0 <= src[1] < stages else 0.0
+                if phase == "B" and s == 0 and pending[s] and nxt[s] > last_forward[s] \
+                        and ready > free[s]:
+                    free[s] += pending[s] * weights[s]  # W fills the wait
+                    pending[s] = 0
+                work = forward[s] if phase == "F" else backward[s]
+                free[s] = done[phase, s, mb] = max(free[s], ready) + work
+                pending[s] += phase == "B"
+                nxt[s] += 1
+                progressed = True
+        if not progressed:
+            raise ValueError(f"schedule '{kind}' deadlocks with {stages} stages")
+    return free

@@ -100,6 +100,7 @@ class Worker:
         self.phases = {"FB": self.order, "W": weights,
                        "B": [n for n in self.order if n in backward and n not in weights],
                        "F": [n for n in self.order if n not in backward]}
+        self.early_weights = not any(n.op == "send" for n in self.phases["B"])
         # values of the F and B phases the deferred W phase reads, joined over micro-batches
         self.w_inputs = list(dict.fromkeys(x for n in weights for x in n.inputs
                                            if x not in set(weights)))
@@ -138,24 +139,30 @@ class Worker:
         runs: dict[int, _Run] = {}
         got: dict[str, list[np.ndarray]] = {name: [] for name in keep}
         sums: dict[str, np.ndarray] = {}  # gradients, summed in place over micro-batches
-        saved: list[list[np.ndarray]] = []  # per micro-batch: the W phase's inputs
-        for phase, mb in tasks:
-            if phase == "W":
-                if self.phases["W"]:
-                    run = self._weight_run(saved)
-                    self._dataflow(self.phases["W"], run, {}, keep, step * microbatches,
+        pending: list[list[np.ndarray]] = []  # the W inputs of micro-batches whose W waits
+        last_forward = max((i for i, (phase, _) in enumerate(tasks) if phase == "F"), default=-1)
+        for i, (phase, mb) in enumerate(tasks):
+            tag = step * microbatches + mb
+            # The W phase runs at the end. A stage whose backward feeds no other stage (the
+            # first) also runs it in its cooldown, over the micro-batches done so far, while
+            # the next backward's gradient is still on its way: its wait is filled, no one
+            # else's grows (zero-bubble pipelines put W in the bubbles the same way).
+            if phase == "W" or (phase == "B" and pending and i > last_forward
+                                and self.early_weights
+                                and not self._arrived(self.phases["B"], tag)):
+                self._weight_phase(pending, keep, got, sums, step * microbatches,
                                    check_numerics)
-                    self._collect(run, keep, got, sums, copy=False)
-                continue
+                if phase == "W":
+                    continue
             run = runs.setdefault(mb, _Run({}, {n: len(self.users[n]) for n in self.order}))
             self._dataflow(self.phases[phase], run, {k: v[mb] for k, v in parts.items()}, keep,
-                           step * microbatches + mb, check_numerics)
+                           tag, check_numerics)
             if phase != "F":  # the micro-batch is complete
                 self._collect(run, keep, got, sums, copy=microbatches > 1)
                 if phase == "B":
-                    saved.append([run.values[x] for x in self.w_inputs])
+                    pending.append([run.values[x] for x in self.w_inputs])
                 del runs[mb]
-        del saved, run  # received tensors: over inproc, a peer's send waits until they go
+        del pending, run  # received tensors: over inproc, a peer's send waits until they go
         t0 = clock()
         self._flush_sends()
         tr = self.trace
@@ -176,15 +183,35 @@ class Worker:
             tr.add(EXECUTOR, "update", "update", t0, clock(), {"params": len(self.grads)})
         return {name: out[name] for name in fetches}
 
-    def _weight_run(self, saved: list[list[np.ndarray]]) -> _Run:
-        """The W phase's run: its inputs joined over the micro-batches along the batch axis
-        (parameters and constants are the same in every micro-batch)."""
+    def _weight_phase(self, pending: list[list[np.ndarray]], keep: set[str],
+                      got: dict[str, list[np.ndarray]], sums: dict[str, np.ndarray], tag: int,
+                      check_numerics: bool) -> None:
+        """Run the W phase once over the `pending` micro-batches (their inputs joined along the
+        batch axis: one large gemm per weight, however many micro-batches) and add its
+        gradients to `sums`; `pending` is emptied."""
+        if not self.phases["W"] or not pending:
+            return
         values = {}
         for i, x in enumerate(self.w_inputs):
             axis = pipeline.batch_axis(x)
-            parts = [vs[i] for vs in saved]
+            parts = [vs[i] for vs in pending]
             values[x] = parts[0] if axis is None else np.concatenate(parts, axis=axis)
-        return _Run(values, {n: len(self.users[n]) for n in self.order})
+        pending.clear()
+        run = _Run(values, {n: len(self.users[n]) for n in self.order})
+        self._dataflow(self.phases["W"], run, {}, keep, tag, check_numerics)
+        self._collect(run, keep, got, sums, copy=False)
+
+    def _arrived(self, nodes: list[Node], tag: int) -> bool:
+        """Whether every tensor that `nodes` receive for `tag` is here already (no waiting)."""
+        keys = [n.attrs["key"] for n in nodes if n.op == "recv"]
+        while True:  # what came meanwhile goes to the stash, where the dataflow looks first
+            try:
+                meta, array = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            self.bytes_received += array.nbytes
+            self._stash[(meta["key"], meta["step"])] = array
+        return all((k, tag) in self._stash for k in keys)
 
     def _collect(self, run: _Run, keep: set[str], got: dict[str, list[np.ndarray]],
                  sums: dict[str, np.ndarray], copy: bool) -> None:
@@ -196,8 +223,10 @@ class Worker:
             value = run.values[node]
             if name not in self.grad_nodes:
                 got[name].append(value)
-            elif name in sums:
+            elif name in sums and sums[name].flags.owndata and sums[name].flags.writeable:
                 np.add(sums[name], value, out=sums[name])
+            elif name in sums:  # a view or a received array: never written in place
+                sums[name] = sums[name] + value
             else:  # copied when more will be added: received arrays are read-only
                 sums[name] = np.array(value) if copy else value
 
