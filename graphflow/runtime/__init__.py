@@ -1,7 +1,9 @@
-"""Running plans: a Worker executes one subgraph; a WorkerService exposes it over RPC; a
-Cluster (the driver) starts or reaches the workers and runs training steps on them."""
+"""Running plans: a Worker executes one subgraph (its Mailbox moves its tensors); a
+WorkerService exposes it over RPC; a Cluster (the driver) starts or reaches the workers and
+runs training steps on them."""
 
 from graphflow.runtime.cluster import Cluster, WorkerFailed
-from graphflow.runtime.worker import StepFailed, Worker
+from graphflow.runtime.mailbox import StepFailed
+from graphflow.runtime.worker import Worker
 
 __all__ = ["Cluster", "StepFailed", "Worker", "WorkerFailed"]

@@ -162,9 +162,9 @@ class WorkerService:
             params[name][...] = value
 
     def stats(self) -> dict[str, Any]:
-        w = self._loaded()
-        return {"bytes_sent": w.bytes_sent, "bytes_received": w.bytes_received,
-                "sent_keys": list(w.sent_keys)}
+        mail = self._loaded().mail
+        return {"bytes_sent": mail.bytes_sent, "bytes_received": mail.bytes_received,
+                "sent_keys": list(mail.sent_keys)}
 
     # -- tracing (graphflow/trace): on only between trace_start and trace_take(stop=True) ----
     def _set_trace(self, recorder: Recorder | None) -> None:

@@ -1,16 +1,14 @@
 """A worker runs its subgraph of a plan as a dataflow: a node runs as soon as its inputs are
 there, a pending Recv blocks nothing else, Sends go out on their own thread.
 
-One compute thread (the caller of `run_step`) runs the kernels; a receiver thread moves
-arriving tensors from the endpoint into an inbox queue; a sender thread pushes outgoing tensors.
-Parameters live here and are updated here, by the optimizer, from gradients computed here.
+One compute thread (the caller of `run_step`) runs the kernels; the worker's mailbox
+(runtime/mailbox.py) receives and sends tensors on threads of its own. Parameters live here
+and are updated here, by the optimizer, from gradients computed here.
 """
 
 from __future__ import annotations
 
 import heapq
-import queue
-import threading
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -19,21 +17,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from graphflow.errors import GraphflowError, located
+from graphflow.errors import located
 from graphflow.executor import checked_value, run_kernel
 from graphflow.init import initial_value
 from graphflow.ir import Graph, Node, users_of
 from graphflow.optim import OPTIMIZERS, Optimizer
 from graphflow.runtime import pipeline
-from graphflow.trace.recorder import EXECUTOR, RECV, SEND, Recorder, clock
-from graphflow.transport.endpoint import Endpoint, PeerTimeout
+from graphflow.runtime.mailbox import Mailbox, StepFailed, worker_name
+from graphflow.trace.recorder import EXECUTOR, Recorder, clock
+from graphflow.transport.endpoint import Endpoint
 
-POLL = 0.05  # seconds the helper threads wait before checking for shutdown
 UNTRACED = frozenset({"parameter", "constant"})  # no work to show
-
-
-class StepFailed(GraphflowError):
-    """A worker could not finish a step (a peer did not deliver in time, a kernel failed)."""
 
 
 @dataclass
@@ -69,10 +63,6 @@ class Updater(Protocol):
     def update(self, name: str, param: np.ndarray, grad: np.ndarray) -> None: ...
 
 
-def worker_name(index: int) -> str:
-    return f"worker:{index}"
-
-
 class Worker:
     """Executes one worker's subgraph; owns its parameters and their optimizer state."""
 
@@ -101,24 +91,20 @@ class Worker:
                        "B": [n for n in self.order if n in backward and n not in weights],
                        "F": [n for n in self.order if n not in backward]}
         self.early_weights = not any(n.op == "send" for n in self.phases["B"])
+        self.b_recvs = [n.attrs["key"] for n in self.phases["B"] if n.op == "recv"]
         # values of the F and B phases the deferred W phase reads, joined over micro-batches
         self.w_inputs = list(dict.fromkeys(x for n in weights for x in n.inputs
                                            if x not in set(weights)))
-        self.bytes_sent = self.bytes_received = 0
-        self.trace: Recorder | None = None  # set while a run is traced (graphflow/trace)
-        self.sent_keys: list[str] = []
-        self._inbox: queue.Queue[tuple[dict[str, Any], np.ndarray]] = queue.Queue()
-        self._outbox: queue.Queue[tuple[str, str, np.ndarray, int] | None] = queue.Queue()
-        self._stash: dict[tuple[str, int], np.ndarray] = {}
-        self._trackers: list[Any] = []
-        self._send_error: BaseException | None = None
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._receive_loop, daemon=True,
-                                          name=f"w{index}-recv"),
-                         threading.Thread(target=self._send_loop, daemon=True,
-                                          name=f"w{index}-send")]
-        for t in self._threads:
-            t.start()
+        self.mail = Mailbox(worker_name(index), endpoint, timeout)
+
+    @property
+    def trace(self) -> Recorder | None:
+        """The recorder of a traced run (graphflow/trace), else None; the mailbox shares it."""
+        return self.mail.trace
+
+    @trace.setter
+    def trace(self, recorder: Recorder | None) -> None:
+        self.mail.trace = recorder
 
     # -- the step -----------------------------------------------------------------------------
     def run_step(self, feeds: Mapping[str, np.ndarray], fetches: list[str], step: int,
@@ -149,7 +135,7 @@ class Worker:
             # else's grows (zero-bubble pipelines put W in the bubbles the same way).
             if phase == "W" or (phase == "B" and pending and i > last_forward
                                 and self.early_weights
-                                and not self._arrived(self.phases["B"], tag)):
+                                and not self.mail.arrived(self.b_recvs, tag)):
                 self._weight_phase(pending, keep, got, sums, step * microbatches,
                                    check_numerics)
                 if phase == "W":
@@ -164,7 +150,7 @@ class Worker:
                 del runs[mb]
         del pending, run  # received tensors: over inproc, a peer's send waits until they go
         t0 = clock()
-        self._flush_sends()
+        self.mail.flush()
         tr = self.trace
         if tr is not None:
             tr.add(EXECUTOR, "send", "send flush", t0, clock())
@@ -200,18 +186,6 @@ class Worker:
         run = _Run(values, {n: len(self.users[n]) for n in self.order})
         self._dataflow(self.phases["W"], run, {}, keep, tag, check_numerics)
         self._collect(run, keep, got, sums, copy=False)
-
-    def _arrived(self, nodes: list[Node], tag: int) -> bool:
-        """Whether every tensor that `nodes` receive for `tag` is here already (no waiting)."""
-        keys = [n.attrs["key"] for n in nodes if n.op == "recv"]
-        while True:  # what came meanwhile goes to the stash, where the dataflow looks first
-            try:
-                meta, array = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            self.bytes_received += array.nbytes
-            self._stash[(meta["key"], meta["step"])] = array
-        return all((k, tag) in self._stash for k in keys)
 
     def _collect(self, run: _Run, keep: set[str], got: dict[str, list[np.ndarray]],
                  sums: dict[str, np.ndarray], copy: bool) -> None:
@@ -273,7 +247,7 @@ class Worker:
         while done < len(nodes):
             block = not ready and not urgent
             t0 = clock() if tr is not None else 0.0
-            arrived = self._arrivals(tag, block=block, deadline=deadline, waiting=waiting)
+            arrived = self.mail.take(tag, waiting, block, deadline)
             if tr is not None and block:  # the executor idles until a tensor comes
                 tr.add(EXECUTOR, "recv", "recv wait", t0, clock(),
                        {"keys": [m["key"] for m, _ in arrived]})
@@ -304,93 +278,12 @@ class Worker:
             return checked_value(n, feeds[n.name])
         inputs = [values[x] for x in n.inputs]
         if n.op == "send":
-            self._outbox.put((worker_name(n.attrs["dst"]), n.attrs["key"], inputs[0], step))
+            self.mail.post(worker_name(n.attrs["dst"]), n.attrs["key"], inputs[0], step)
             return inputs[0]
         return run_kernel(n, inputs, check_numerics)
 
-    def _arrivals(self, step: int, block: bool, deadline: float,
-                  waiting: dict[str, Node]) -> list[tuple[dict[str, Any], np.ndarray]]:
-        """Tensors of this step that have arrived (waiting for one if `block`)."""
-        early = [k for (k, s) in self._stash if s == step and k in waiting]
-        got = [({"key": k}, self._stash.pop((k, step))) for k in early]
-        while True:
-            try:
-                meta, array = self._inbox.get(block=block and not got,
-                                              timeout=max(deadline - time.monotonic(), 0.001))
-            except queue.Empty:
-                if block and not got:
-                    self._raise_timeout(waiting)
-                return got
-            self.bytes_received += array.nbytes
-            if meta["step"] == step and meta["key"] in waiting:
-                got.append((meta, array))
-            else:  # an early tensor of a later step (or micro-batch): keep it
-                self._stash[(meta["key"], meta["step"])] = array
-            block = False
-
-    def _raise_timeout(self, waiting: dict[str, Node]) -> None:
-        if self._send_error is not None:
-            raise StepFailed(f"{worker_name(self.index)}: {self._send_error}")
-        key, node = next(iter(waiting.items()))
-        peer = worker_name(node.attrs["src"])
-        raise PeerTimeout(f"{worker_name(self.index)}: no tensor '{key}' from {peer} within "
-                          f"{self.timeout:g}s ({len(waiting)} receive(s) pending)", peer, key)
-
-    def _flush_sends(self) -> None:
-        """Wait until every send of the step has left (zero-copy buffers are free to change)."""
-        self._outbox.join()
-        if self._send_error is not None:
-            raise StepFailed(f"{worker_name(self.index)}: {self._send_error}")
-        for tracker in self._trackers:
-            tracker.wait(self.timeout)
-        self._trackers.clear()
-
-    # -- helper threads ------------------------------------------------------------------------
-    def _receive_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                got = self.endpoint.recv_any(POLL)
-            except GraphflowError:  # a bad frame: dropped, the step times out naming the key
-                continue
-            if got is not None:
-                t0 = clock()
-                self._inbox.put(got)
-                if (tr := self.trace) is not None:  # marks the arrival (zmq moved the bytes)
-                    meta = got[0]
-                    tr.add(RECV, "recv", meta["key"], t0, clock(),
-                           {"from": meta["src"], "bytes": got[1].nbytes, "step": meta["step"]})
-                got = None  # don't hold the frame: the sender's zero-copy tracker waits on it
-
-    def _send_loop(self) -> None:
-        while True:
-            item = self._outbox.get()
-            try:
-                if item is None:
-                    return
-                if self._send_error is not None or self._stop.is_set():
-                    continue  # a peer is gone or the worker is closing: drop the rest
-                peer, key, array, step = item
-                t0 = clock()
-                tracker = self.endpoint.send(peer, key, array, step)
-                if (tr := self.trace) is not None:
-                    tr.add(SEND, "send", key, t0, clock(),
-                           {"to": peer, "bytes": array.nbytes, "step": step})
-                if tracker is not None:
-                    self._trackers.append(tracker)
-                self.bytes_sent += array.nbytes
-                self.sent_keys.append(key)
-            except GraphflowError as e:
-                self._send_error = e
-            finally:
-                self._outbox.task_done()
-
     def close(self) -> None:
-        self._stop.set()
-        self._outbox.put(None)
-        for t in self._threads:  # a send in flight ends within `timeout`
-            t.join(timeout=self.timeout + 2 * POLL + 1)
-        if not any(t.is_alive() for t in self._threads):  # never close a socket in use
-            self.endpoint.close()
+        self.mail.close()
 
 
 def make_optimizer(spec: Mapping[str, Any] | None) -> Optimizer | None:

@@ -1,0 +1,156 @@
+"""A worker's tensors in flight, the transport side of a worker (runtime/worker.py computes).
+
+A receiver thread moves arriving tensors from the endpoint into an inbox; a sender thread
+pushes outgoing ones, so a send never stalls compute; a tensor that comes before it is wanted
+(a later step or micro-batch) waits in a stash. Every wait is bounded by `timeout`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import numpy as np
+
+from graphflow.errors import GraphflowError
+from graphflow.ir import Node
+from graphflow.trace.recorder import RECV, SEND, Recorder, clock
+from graphflow.transport.endpoint import Endpoint, PeerTimeout
+
+POLL = 0.05  # seconds the helper threads wait before checking for shutdown
+Arrival = tuple[dict[str, Any], np.ndarray]  # (header: key, src, step, ...; the tensor)
+
+
+class StepFailed(GraphflowError):
+    """A worker could not finish a step (a peer did not deliver in time, a kernel failed)."""
+
+
+def worker_name(index: int) -> str:
+    return f"worker:{index}"
+
+
+class Mailbox:
+    """`name`'s inbox and outbox on `endpoint`, with their two threads (started here)."""
+
+    def __init__(self, name: str, endpoint: Endpoint, timeout: float) -> None:
+        self.name, self.endpoint, self.timeout = name, endpoint, timeout
+        self.bytes_sent = self.bytes_received = 0
+        self.sent_keys: list[str] = []
+        self.trace: Recorder | None = None  # set while a run is traced (graphflow/trace)
+        self._inbox: queue.Queue[Arrival] = queue.Queue()
+        self._outbox: queue.Queue[tuple[str, str, np.ndarray, int] | None] = queue.Queue()
+        self._stash: dict[tuple[str, int], np.ndarray] = {}
+        self._trackers: list[Any] = []
+        self._send_error: BaseException | None = None
+        self._stop = threading.Event()
+        short = name.replace("worker:", "w")
+        self._threads = [threading.Thread(target=self._receive_loop, daemon=True,
+                                          name=f"{short}-recv"),
+                         threading.Thread(target=self._send_loop, daemon=True,
+                                          name=f"{short}-send")]
+        for t in self._threads:
+            t.start()
+
+    def post(self, peer: str, key: str, array: np.ndarray, step: int) -> None:
+        """Queue `array` for `peer`; the sender thread sends it (see `flush`)."""
+        self._outbox.put((peer, key, array, step))
+
+    def take(self, step: int, waiting: Mapping[str, Node], block: bool,
+             deadline: float) -> list[Arrival]:
+        """The tensors of `step` that `waiting` (key -> its recv node) names and that have
+        arrived; with `block`, wait for one until `deadline` (then PeerTimeout, naming the peer
+        and the key)."""
+        early = [k for (k, s) in self._stash if s == step and k in waiting]
+        got = [({"key": k}, self._stash.pop((k, step))) for k in early]
+        while True:
+            try:
+                meta, array = self._inbox.get(block=block and not got,
+                                              timeout=max(deadline - time.monotonic(), 0.001))
+            except queue.Empty:
+                if block and not got:
+                    self._raise_timeout(waiting)
+                return got
+            self.bytes_received += array.nbytes
+            if meta["step"] == step and meta["key"] in waiting:
+                got.append((meta, array))
+            else:  # an early tensor of a later step (or micro-batch): keep it
+                self._stash[(meta["key"], meta["step"])] = array
+            block = False
+
+    def arrived(self, keys: Collection[str], step: int) -> bool:
+        """Whether every tensor `keys` names for `step` is here already (no waiting)."""
+        while True:  # what came meanwhile goes to the stash, where `take` looks first
+            try:
+                meta, array = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            self.bytes_received += array.nbytes
+            self._stash[(meta["key"], meta["step"])] = array
+        return all((k, step) in self._stash for k in keys)
+
+    def flush(self) -> None:
+        """Wait until every posted tensor has left (zero-copy buffers are free to change)."""
+        self._outbox.join()
+        if self._send_error is not None:
+            raise StepFailed(f"{self.name}: {self._send_error}")
+        for tracker in self._trackers:
+            tracker.wait(self.timeout)
+        self._trackers.clear()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._outbox.put(None)
+        for t in self._threads:  # a send in flight ends within `timeout`
+            t.join(timeout=self.timeout + 2 * POLL + 1)
+        if not any(t.is_alive() for t in self._threads):  # never close a socket in use
+            self.endpoint.close()
+
+    def _raise_timeout(self, waiting: Mapping[str, Node]) -> None:
+        if self._send_error is not None:
+            raise StepFailed(f"{self.name}: {self._send_error}")
+        key, node = next(iter(waiting.items()))
+        peer = worker_name(node.attrs["src"])
+        raise PeerTimeout(f"{self.name}: no tensor '{key}' from {peer} within "
+                          f"{self.timeout:g}s ({len(waiting)} receive(s) pending)", peer, key)
+
+    # -- the helper threads --------------------------------------------------------------------
+    def _receive_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                got = self.endpoint.recv_any(POLL)
+            except GraphflowError:  # a bad frame: dropped, the step times out naming the key
+                continue
+            if got is not None:
+                t0 = clock()
+                self._inbox.put(got)
+                if (tr := self.trace) is not None:  # marks the arrival (zmq moved the bytes)
+                    meta = got[0]
+                    tr.add(RECV, "recv", meta["key"], t0, clock(),
+                           {"from": meta["src"], "bytes": got[1].nbytes, "step": meta["step"]})
+                got = None  # don't hold the frame: the sender's zero-copy tracker waits on it
+
+    def _send_loop(self) -> None:
+        while True:
+            item = self._outbox.get()
+            try:
+                if item is None:
+                    return
+                if self._send_error is not None or self._stop.is_set():
+                    continue  # a peer is gone or the worker is closing: drop the rest
+                peer, key, array, step = item
+                t0 = clock()
+                tracker = self.endpoint.send(peer, key, array, step)
+                if (tr := self.trace) is not None:
+                    tr.add(SEND, "send", key, t0, clock(),
+                           {"to": peer, "bytes": array.nbytes, "step": step})
+                if tracker is not None:
+                    self._trackers.append(tracker)
+                self.bytes_sent += array.nbytes
+                self.sent_keys.append(key)
+            except GraphflowError as e:
+                self._send_error = e
+            finally:
+                self._outbox.task_done()
