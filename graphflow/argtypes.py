@@ -22,7 +22,6 @@ def at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
         return value
 
-    parse.__name__ = f"integer >= {minimum}"  # argparse names the type in its messages
     return parse
 
 
