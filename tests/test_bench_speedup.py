@@ -32,6 +32,9 @@ def test_quick_run_writes_points_json_and_png(tmp_path, capsys):
         assert p["times_s"] and all(t > 0 for t in p["times_s"]), key
         assert p["median_s"] > 0 and p["speedup"] > 0 and p["predicted_s"] > 0, key
     assert wl["ceiling"]["ratio"] > 0
+    # the pipelined point says how fast its micro-batches' kernels run (a fraction of the
+    # whole batch's speed: per row, a small batch is never much faster)
+    assert 0 < points["layerwise+1f1b", 2]["microbatch_rate"] < 1.5
     assert set(wl["predicted"]) == {"spatial", "layerwise", "mincut", "layerwise+1f1b"}
     for curve in wl["predicted"].values():
         assert [c["workers"] for c in curve] == [1, 2, 4]

@@ -58,6 +58,17 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
     return dispatch + max(end + u for end, u in zip(ends, update, strict=True))
 
 
+def microbatch_rate(plan: Plan, batch: int, microbatches: int, cost: CostModel) -> float:
+    """How fast the forward and backward kernels run on micro-batches, as a fraction of their
+    speed on the whole batch (a gemm of few rows is slower per row: it packs the whole weight
+    for every call)."""
+    weights = weight_phase(plan)
+    nodes = [n for n in plan.graph.nodes if n.op not in SOURCE_OPS and n.name not in weights]
+    whole = sum(cost.node_seconds(n, batch) for n in nodes)
+    parts = microbatches * sum(cost.node_seconds(n, batch // microbatches) for n in nodes)
+    return whole / parts if parts > 0 else 1.0
+
+
 def weight_phase(plan: Plan) -> dict[str, int]:
     """node name -> worker, for the nodes a pipelined worker leaves to its W phase."""
     out: dict[str, int] = {}

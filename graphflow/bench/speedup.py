@@ -38,7 +38,7 @@ from graphflow.bench import (
     machine_info,
     single_threaded,
 )
-from graphflow.bench.prediction import predict, predict_curve, workers_used
+from graphflow.bench.prediction import microbatch_rate, predict, predict_curve, workers_used
 from graphflow.costmodel import CostModel, kernels
 from graphflow.ir import Node
 from graphflow.models import WORKLOADS as BUILDERS
@@ -228,6 +228,9 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
             points[i]["predicted_s"] = predict(plan, args.batch, points[i]["microbatches"],
                                                args.repeats, cost=cost, contention=contention,
                                                schedule=args.schedule)
+            if points[i]["microbatches"] > 1:
+                points[i]["microbatch_rate"] = microbatch_rate(
+                    plan, args.batch, points[i]["microbatches"], cost)
     for pt in points:
         if pt.get("times_s") and "error" not in pt:
             pt["median_s"] = statistics.median(pt["times_s"])
@@ -304,6 +307,9 @@ def _table_row(workload: str, pt: dict[str, Any]) -> dict[str, Any]:
                    pred_ok="PASS" if abs(err) <= TOLERANCE else "FAIL")
         if pt.get("workers_used", pt["workers"]) < pt["workers"]:
             row["note"] = f"only {pt['workers_used']} workers get work"
+        if pt.get("microbatch_rate", 1.0) < 0.9:  # why a pipelined step can lose
+            row["note"] = (f"{pt['microbatches']} micro-batches: kernels at "
+                           f"{pt['microbatch_rate']:.0%} of full-batch speed")
     goal = target(workload, pt["strategy"], pt["workers"])
     if goal is not None:
         row["target"] = f">={goal}x"
