@@ -2,7 +2,8 @@
 
 A sender (this process) pushes --messages tensors of --size-mb MB float32 to a receiver process,
 over ipc and tcp loopback. "ours" is Endpoint.send -> Endpoint.recv(key) (header encoding,
-untrusted decoding, tracking, stash); "bare" is a pyzmq PUSH/PULL loop of the same two frames
+untrusted decoding, stash), untracked as a worker sends an activation (only parameters and
+gradients summed in place are tracked); "bare" is a pyzmq PUSH/PULL loop of the same two frames
 sent with send_multipart(copy=False) and received with recv_multipart(copy=False). Repeats of
 ours and bare are interleaved; the table shows the median GB/s and ours/bare (target >= 0.8),
 "paired" (the median of ours/bare over adjacent runs, steadier when a neighbour is busy) and the
@@ -111,7 +112,7 @@ class Link:
         cpu = time.process_time()
         if mode == "ours":
             for i in range(n):
-                self.ep.send("recv", KEY, self.x, step=i)
+                self.ep.send("recv", KEY, self.x, step=i, track=False)
         else:
             for _ in range(n):
                 self.push.send_multipart([self.header, self.x], copy=False)

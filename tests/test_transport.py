@@ -100,6 +100,10 @@ def test_large_sends_are_zero_copy_and_tracked():
         gc.collect()
         tracker.wait(5.0)
         assert tracker.done
+        # untracked (an array nobody writes again): still zero-copy, no tracker
+        assert a.send("b", "big2", x, track=False) is None
+        z = b.recv("big2", "a", timeout=5.0)
+        assert z.ctypes.data == x.ctypes.data and np.array_equal(z, x)
 
 
 def test_message_over_max_size_is_dropped():

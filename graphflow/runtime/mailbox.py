@@ -41,7 +41,7 @@ class Mailbox:
         self.sent_keys: list[str] = []
         self.trace: Recorder | None = None  # set while a run is traced (graphflow/trace)
         self._inbox: queue.Queue[Arrival] = queue.Queue()
-        self._outbox: queue.Queue[tuple[str, str, np.ndarray, int] | None] = queue.Queue()
+        self._outbox: queue.Queue[tuple[str, str, np.ndarray, int, bool] | None] = queue.Queue()
         self._stash: dict[tuple[str, int], np.ndarray] = {}
         self._trackers: list[Any] = []
         self._send_error: BaseException | None = None
@@ -54,9 +54,10 @@ class Mailbox:
         for t in self._threads:
             t.start()
 
-    def post(self, peer: str, key: str, array: np.ndarray, step: int) -> None:
-        """Queue `array` for `peer`; the sender thread sends it (see `flush`)."""
-        self._outbox.put((peer, key, array, step))
+    def post(self, peer: str, key: str, array: np.ndarray, step: int, track: bool) -> None:
+        """Queue `array` for `peer`; the sender thread sends it. With `track`, `flush` waits
+        until zmq is done with its memory (an array its owner will write again)."""
+        self._outbox.put((peer, key, array, step, track))
 
     def take(self, step: int, waiting: Mapping[str, Node], block: bool,
              deadline: float) -> list[Arrival]:
@@ -92,7 +93,8 @@ class Mailbox:
         return all((k, step) in self._stash for k in keys)
 
     def flush(self) -> None:
-        """Wait until every posted tensor has left (zero-copy buffers are free to change)."""
+        """Wait until every posted tensor has gone to zmq, and every tracked one has left (its
+        memory is free to change)."""
         self._outbox.join()
         if self._send_error is not None:
             raise StepFailed(f"{self.name}: {self._send_error}")
@@ -140,9 +142,9 @@ class Mailbox:
                     return
                 if self._send_error is not None or self._stop.is_set():
                     continue  # a peer is gone or the worker is closing: drop the rest
-                peer, key, array, step = item
+                peer, key, array, step, track = item
                 t0 = clock()
-                tracker = self.endpoint.send(peer, key, array, step)
+                tracker = self.endpoint.send(peer, key, array, step, track)
                 if (tr := self.trace) is not None:
                     tr.add(SEND, "send", key, t0, clock(),
                            {"to": peer, "bytes": array.nbytes, "step": step})

@@ -278,7 +278,11 @@ class Worker:
             return checked_value(n, feeds[n.name])
         inputs = [values[x] for x in n.inputs]
         if n.op == "send":
-            self.mail.post(worker_name(n.attrs["dst"]), n.attrs["key"], inputs[0], step)
+            # a parameter (updated in place) or a gradient summed in place is tracked; any
+            # other value is never written again, and tracking a zero-copy send costs CPU
+            source = n.inputs[0]
+            track = source.op == "parameter" or source.name in self.grad_nodes
+            self.mail.post(worker_name(n.attrs["dst"]), n.attrs["key"], inputs[0], step, track)
             return inputs[0]
         return run_kernel(n, inputs, check_numerics)
 
