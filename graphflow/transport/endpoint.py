@@ -202,8 +202,7 @@ class Endpoint:
         try:
             sock.send(header, zmq.SNDMORE)
             if a.nbytes >= ZERO_COPY_MIN:
-                return sock.send(a, copy=False, track=track) if track else \
-                    sock.send(a, copy=False)
+                return sock.send(a, copy=False, track=track)
             sock.send(a, copy=True)
             return None
         except zmq.Again:
