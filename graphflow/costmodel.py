@@ -254,6 +254,11 @@ class CostModel:
                                                     (read + written) / self.bandwidth_Bps)
         return self._memo[sig]
 
+    def update_seconds(self, param: Node) -> float:
+        """Seconds of the optimizer's update of `param`: read it and its gradient, write it,
+        at the optimizer kernel's measured rate."""
+        return UPDATE_PASSES * tensor_bytes(param, 1) / self.update_Bps  # (no batch axis)
+
     def transfer_seconds(self, nbytes: float, link: Link | None = None) -> float:
         """Seconds to move `nbytes` over `link` (default: this model's calibrated link)."""
         return (link or self.link).seconds(nbytes)
@@ -323,7 +328,7 @@ class CostModel:
         for n in graph.nodes:
             if n.op == "parameter":
                 w = where[n]
-                seconds = UPDATE_PASSES * tensor_bytes(n, batch) / self.update_Bps
+                seconds = self.update_seconds(n)
                 free[w] += seconds
                 busy[w] += seconds
         step = max([*ready.values(), *free], default=0.0)

@@ -7,12 +7,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from graphflow.costmodel import SOURCE_OPS, CostModel, Link, tensor_bytes
+from graphflow.costmodel import SOURCE_OPS, CostModel, Link
 from graphflow.ir import users_of
 from graphflow.models import Model
 from graphflow.partitioners import Plan, partition
 from graphflow.runtime.pipeline import deferred_weight_nodes, is_backward, simulate
-from graphflow.timing import UPDATE_PASSES
 
 
 def workers_used(plan: Plan) -> int:
@@ -45,7 +44,7 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
     for n in plan.graph.nodes:
         w = plan.placement[n.name]
         if n.op == "parameter":
-            update[w] += UPDATE_PASSES * tensor_bytes(n, batch) / cm.update_Bps
+            update[w] += cm.update_seconds(n)
         elif n.name in weights:  # W runs over joined micro-batches: timed at the whole batch
             work["W"][w] += side_by_side * whole.node_seconds(n, batch) / microbatches
         elif n.op not in SOURCE_OPS:

@@ -72,7 +72,7 @@ class WorkerService:
         w = self._loaded()
         dsts = {worker_name(n.attrs["dst"]) for n in w.graph.nodes if n.op == "send"}
         for peer in sorted(dsts):
-            w.endpoint.connect(peer, peers[peer])
+            w.mail.endpoint.connect(peer, peers[peer])
 
     def ps_attach(self, shards: Sequence[str], layout: Mapping[str, Any], replica: int,
                   mode: str, n_fetch: int = 1, n_push: int = 1, staleness: int = 2,

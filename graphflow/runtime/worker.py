@@ -69,7 +69,7 @@ class Worker:
     def __init__(self, index: int, graph: Graph, endpoint: Endpoint, grads: Mapping[str, str],
                  optimizer: Updater | None = None, timeout: float = 30.0,
                  stages: int = 1) -> None:
-        self.index, self.graph, self.endpoint = index, graph, endpoint
+        self.index, self.graph = index, graph
         self.timeout = timeout
         self.optimizer = optimizer
         self.params = {p.name: initial_value(p.name, p.attrs, graph.seed)
@@ -93,8 +93,9 @@ class Worker:
         self.early_weights = not any(n.op == "send" for n in self.phases["B"])
         self.b_recvs = [n.attrs["key"] for n in self.phases["B"] if n.op == "recv"]
         # values of the F and B phases the deferred W phase reads, joined over micro-batches
+        deferred = set(weights)
         self.w_inputs = list(dict.fromkeys(x for n in weights for x in n.inputs
-                                           if x not in set(weights)))
+                                           if x not in deferred))
         self.mail = Mailbox(worker_name(index), endpoint, timeout)
 
     @property
