@@ -7,12 +7,13 @@ network, and the machine's ceiling: the throughput of two independent 1-worker p
 over one alone (the best a 2-worker speedup can be here and now).
 
 Every cluster of a workload is started first, then timed in rounds (a step of each per round),
-so a busy neighbour slows all alike; speedup = median 1-worker step / median step. The cost
-model's kernels are timed again after every round and predictions use their medians: a shared
-machine's speed drifts within minutes, and a calibration made once, before the rounds, missed
-by 30-40% when it did. A pipelined
-prediction is one micro-batch's predicted step plus (micro-batches - 1) x the busiest worker's
-micro-batch work.
+so a busy neighbour slows all alike; speedup = median 1-worker step / median step, and "paired"
+is the median over rounds of the round's 1-worker step over the point's step (steadier when the
+machine's speed drifts between rounds). The cost model's kernels are timed again after every
+round and predictions use their medians: a shared machine's speed drifts within minutes, and a
+calibration made once, before the rounds, missed by 30-40% when it did. A pipelined prediction
+runs the schedule through `graphflow.runtime.pipeline.simulate` with the cost model's per-stage
+forward, backward and weight-gradient times.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ MACHINES = (1, 2, 4, 8, 16, 32, 64)
 TOLERANCE = 0.25  # allowed relative error of the cost model at every measured point
 OPTIMIZER = {"name": "sgd", "lr": 0.001}
 COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("workers", "P"),
-           ("ms", "median ms"), ("speedup", "speedup"), ("pred_ms", "pred ms"),
+           ("ms", "median ms"), ("speedup", "speedup"), ("paired", "paired"),
+           ("pred_ms", "pred ms"),
            ("err", "err %"), ("pred_ok", "pred<=25%"), ("target", "target"),
            ("verdict", "target met"), ("note", "note")]
 
@@ -81,7 +83,9 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated (default spatial,layerwise,mincut)")
     p.add_argument("--workers", type=csv_counts, default=[1, 2],
                    help="worker counts, comma-separated; 1 is always measured (default 1,2)")
-    p.add_argument("--steps", type=count, default=None, help="timed steps per point (5)")
+    p.add_argument("--steps", type=count, default=None,
+                   help="timed steps (rounds) per point (20: a median of a few steps swings by "
+                        "a tenth on a shared machine)")
     p.add_argument("--warmup", type=non_negative, default=None, help="untimed steps per point (2)")
     p.add_argument("--batch", type=count, default=None, help="mini-batch size (64)")
     p.add_argument("--mode", choices=("processes", "threads"), default="processes",
@@ -106,7 +110,7 @@ def parser() -> argparse.ArgumentParser:
 
 def _settle(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     """Fill the defaults that --quick changes and check the numbers."""
-    for key, quick, full in (("steps", 1, 5), ("warmup", 1, 2), ("batch", 8, 64),
+    for key, quick, full in (("steps", 1, 20), ("warmup", 1, 2), ("batch", 8, 64),
                              ("microbatches", 2, 4)):
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
@@ -235,9 +239,14 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
         if pt.get("times_s") and "error" not in pt:
             pt["median_s"] = statistics.median(pt["times_s"])
             pt["speedup"] = statistics.median(ceiling["alone_s"]) / pt["median_s"]
+            # each round's 1-worker step over this point's step of the same round: a drift of
+            # the machine's speed between rounds cancels out
+            pt["paired_speedup"] = statistics.median(
+                a / t for a, t in zip(ceiling["alone_s"], pt["times_s"], strict=False))
     one = {"workload": model.name, "strategy": "(any)", "workers": 1, "microbatches": 1,
            "times_s": ceiling["alone_s"], "median_s": statistics.median(ceiling["alone_s"]),
-           "speedup": 1.0, "predicted_s": predict(plan1, args.batch, 1, args.repeats, cost=cost)}
+           "speedup": 1.0, "paired_speedup": 1.0,
+           "predicted_s": predict(plan1, args.batch, 1, args.repeats, cost=cost)}
     predicted = {label: predict_curve(model, strategy, mb, args, cost)
                  for label, strategy, mb in variants(args)}
     return {"points": [one, *points], "ceiling": ceiling, "predicted": predicted,
@@ -301,7 +310,8 @@ def _table_row(workload: str, pt: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"workload": workload, "strategy": pt["strategy"],
                            "workers": pt["workers"], "note": note and note[:60]}
     if "median_s" in pt:
-        row.update(ms=1e3 * pt["median_s"], speedup=f"{pt['speedup']:.2f}x")
+        row.update(ms=1e3 * pt["median_s"], speedup=f"{pt['speedup']:.2f}x",
+                   paired=f"{pt.get('paired_speedup', 1.0):.2f}x")
         err = pt["predicted_s"] / pt["median_s"] - 1
         row.update(pred_ms=1e3 * pt["predicted_s"], err=f"{100 * err:+.0f}",
                    pred_ok="PASS" if abs(err) <= TOLERANCE else "FAIL")
