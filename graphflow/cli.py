@@ -296,7 +296,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from graphflow.runtime.service import serve
 
-    serve(args.listen, announce=True)
+    serve(args.listen, announce=True, own_gc=True)
     return 0
 
 
