@@ -1,5 +1,6 @@
 """Layers built from registered ops: dense, local2d (DistBelief's locally connected layer,
-unshared weights), conv2d, pooling and normalisation. Activations are NCHW.
+unshared weights), conv2d, pooling and normalisation. Activations are NCHW, except that
+local2d also takes and gives (H, W, C, N), its kernels' own layout (`layout="HWCN"`).
 
 A layer opens a name scope, so its parameters are `<name>/W` and `<name>/b` (the parameter
 server keys parameters by these names).
@@ -25,9 +26,10 @@ from graphflow.ops.norm import lrn
 from graphflow.ops.pool import avg_pool2d, max_pool2d
 from graphflow.ops.shape import transpose
 
-__all__ = ["avg_pool2d", "conv2d", "dense", "local2d", "lrn", "max_pool2d"]
+__all__ = ["HWCN_TO_NCHW", "NCHW_TO_HWCN", "avg_pool2d", "conv2d", "dense", "local2d", "lrn",
+           "max_pool2d"]
 
-NCHW_TO_HWCN = (2, 3, 1, 0)
+NCHW_TO_HWCN = (2, 3, 1, 0)  # transpose(x, NCHW_TO_HWCN): an NCHW image in local2d's layout
 HWCN_TO_NCHW = (3, 2, 0, 1)
 
 
@@ -39,11 +41,15 @@ def _scope(kind: str, name: str | None) -> str:
     return name or current_graph().new_name(kind)
 
 
-def _expect_image(x: Node, kind: str, name: str) -> int:
+def _expect_image(x: Node, kind: str, name: str, layout: str = "NCHW") -> int:
+    """The channels of image `x` in `layout` (its letters name x's dims)."""
+    if layout not in ("NCHW", "HWCN"):
+        raise ValueError(f"{kind} '{name}' ({user_source_line()}): layout {layout!r} is not "
+                         f"'NCHW' or 'HWCN'")
     if len(x.shape) != 4:
         raise ShapeError(f"{kind} '{name}' ({user_source_line()}): input has {len(x.shape)} "
-                         f"dims, expected 4 (N, C, H, W)")
-    return int(x.shape[1])
+                         f"dims, expected 4 ({', '.join(layout)})")
+    return int(x.shape[layout.index("C")])
 
 
 def _out_size(size: int, kernel: int, stride: int, pad: int, kind: str, name: str) -> int:
@@ -69,20 +75,28 @@ def dense(x: Node, units: int, name: str | None = None, init: str = "glorot_unif
 
 def local2d(x: Node, filters: int, kernel_size: int | tuple[int, int],
             stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
-            name: str | None = None, init: str = "glorot_uniform", bias: bool = True) -> Node:
+            name: str | None = None, init: str = "glorot_uniform", bias: bool = True,
+            layout: str = "NCHW") -> Node:
     """Locally connected 2-D layer: a conv2d whose weights differ at every output location.
 
-    W is (OH, OW, filters, KH*KW*C) and b is (filters, OH, OW). The op runs in (H, W, C, N)
-    layout, where each location's patch is a few contiguous rows and one BLAS call.
+    W is (OH, OW, filters, KH*KW*C). The op runs in (H, W, C, N) layout, where each location's
+    patch is a few contiguous rows and one BLAS call. With layout "NCHW" x is (N, C, H, W),
+    transposed in and out, and b is (filters, OH, OW); with "HWCN" x and the output are
+    (H, W, C, N) and b is (OH, OW, filters, 1): stacked layers then pass activations on with
+    no transposes between them (lc-large: a tenth of its step).
     """
     scope = _scope("local2d", name)
-    channels = _expect_image(x, "local2d", scope)
+    channels = _expect_image(x, "local2d", scope, layout)
     (kh, kw), (sh, sw), (ph, pw) = _pair(kernel_size), _pair(stride), _pair(padding)
-    oh = _out_size(int(x.shape[2]), kh, sh, ph, "local2d", scope)
-    ow = _out_size(int(x.shape[3]), kw, sw, pw, "local2d", scope)
+    rows, cols = layout.index("H"), layout.index("W")
+    oh = _out_size(int(x.shape[rows]), kh, sh, ph, "local2d", scope)
+    ow = _out_size(int(x.shape[cols]), kw, sw, pw, "local2d", scope)
     k = kh * kw * channels
     with name_scope(scope):
         w = parameter("W", (oh, ow, filters, k), init=init, fan_in=k, fan_out=filters)
+        if layout == "HWCN":
+            y = local2d_op(x, w, (kh, kw), (sh, sw), (ph, pw))
+            return add(y, parameter("b", (oh, ow, filters, 1), init="zeros")) if bias else y
         y = local2d_op(transpose(x, NCHW_TO_HWCN), w, (kh, kw), (sh, sw), (ph, pw))
         y = transpose(y, HWCN_TO_NCHW)
         return add(y, parameter("b", (filters, oh, ow), init="zeros")) if bias else y

@@ -14,7 +14,7 @@ from graphflow.dsl import placeholder
 from graphflow.ir import Graph, Node
 from graphflow.ops.elementwise import relu, sigmoid
 from graphflow.ops.loss import softmax_cross_entropy
-from graphflow.ops.shape import flatten
+from graphflow.ops.shape import flatten, transpose
 
 
 @dataclass(frozen=True)
@@ -30,13 +30,16 @@ class Model:
 def lc_large(batch: int | None = 64, dtype: str = "float32", seed: int = 0) -> Model:
     """DistBelief's locally connected image model scaled to one machine (~12.75M parameters).
 
-    3x64x64 -> local2d 32 7x7/2 -> relu -> local2d 64 5x5/2 -> relu -> dense 10.
+    3x64x64 -> local2d 32 7x7/2 -> relu -> local2d 64 5x5/2 -> relu -> dense 10. The image is
+    fed NCHW; the two local2d layers pass their activations on in their own (H, W, C, N) layout.
     """
     with Graph(dtype, seed) as g:
         x = placeholder("x", (batch, 3, 64, 64))
         y = placeholder("y", (batch,), "int32")
-        h = relu(layers.local2d(x, 32, 7, stride=2, name="lc1"))
-        h = relu(layers.local2d(h, 64, 5, stride=2, name="lc2"))
+        h = transpose(x, layers.NCHW_TO_HWCN, name="lc1/hwcn")
+        h = relu(layers.local2d(h, 32, 7, stride=2, name="lc1", layout="HWCN"))
+        h = relu(layers.local2d(h, 64, 5, stride=2, name="lc2", layout="HWCN"))
+        h = transpose(h, layers.HWCN_TO_NCHW, name="lc2/nchw")
         logits = layers.dense(flatten(h), 10, name="fc")
         loss = softmax_cross_entropy(logits, y, name="loss")
     return Model("lc-large", g, x, y, logits, loss)

@@ -84,7 +84,7 @@ def test_only_the_halo_crosses_for_a_split_local2d(parts):
     assert sum(t.nbytes(batch) for t in forward) == halo_rows * row_bytes
     assert sum(t.nbytes(batch) for t in backward) == halo_rows * row_bytes
     # lc1 reads the (replicated) input: nothing of it crosses
-    assert not [t for t in plan.transfers if t.tensor.startswith(("x", "lc1/transpose"))]
+    assert not [t for t in plan.transfers if t.tensor.startswith(("x", "lc1/hwcn"))]
 
 
 @pytest.mark.parametrize("workload", sorted(WORKLOADS))
@@ -154,7 +154,8 @@ def test_a_worker_sends_its_halo_rows_before_computing_the_rest_of_its_block(tmp
     assert blocks == [("lc1/local2d/part0", 0, 14), ("lc1/local2d/part1", 1, 3),
                       ("lc1/local2d/part2", 1, 12)]
     halo = [t for t in plan.transfers if t.src == 1 and not t.tensor.startswith(("grad/", "fc/"))]
-    assert [t.tensor for t in halo] == ["lc2/transpose/part1"]  # the block itself, no slice
+    # the block itself (lc1's activation, in local2d's layout), no slice
+    assert [t.tensor for t in halo] == ["relu/part1"]
     rng = np.random.default_rng(0)
     batch = {"x": rng.standard_normal((8, 3, 64, 64), dtype=np.float32),
              "y": rng.integers(0, 10, 8).astype(np.int32)}
