@@ -39,7 +39,7 @@ def lc_large(batch: int | None = 64, dtype: str = "float32", seed: int = 0) -> M
         h = transpose(x, layers.NCHW_TO_HWCN, name="lc1/hwcn")
         h = relu(layers.local2d(h, 32, 7, stride=2, name="lc1", layout="HWCN"))
         h = relu(layers.local2d(h, 64, 5, stride=2, name="lc2", layout="HWCN"))
-        h = transpose(h, layers.HWCN_TO_NCHW, name="lc2/nchw")
+        h = transpose(h, layers.HWCN_TO_NCHW, name="to_nchw")
         logits = layers.dense(flatten(h), 10, name="fc")
         loss = softmax_cross_entropy(logits, y, name="loss")
     return Model("lc-large", g, x, y, logits, loss)
