@@ -58,6 +58,9 @@ CASES = [
            attrs={"shape": (3, 1)}),
     OpCase("sum_to", _one((5, 3)), lambda g, shape: g.sum(axis=0), attrs={"shape": (3,)},
            label="rows"),
+    # a bias gradient in (H, W, C, N) layout: long innermost rows (a vector body and a tail)
+    OpCase("sum_to", _one((5, 3, 37)), lambda g, shape: g.sum(axis=2, keepdims=True),
+           attrs={"shape": (5, 3, 1)}, label="last axis"),
     OpCase("broadcast_like", _pair((3, 1), (2, 3, 4)),
            lambda g, like: np.broadcast_to(g, like.shape).copy(), no_grad=(1,)),
 ]

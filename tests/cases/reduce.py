@@ -62,6 +62,7 @@ CASES = [
            label="keepdims"),
     OpCase("reduce_max", _one((3, 4)), _np(np.max), label="all"),
     OpCase("reduce_max", _one((2, 3, 4)), _np(np.max), attrs={"axes": (0, 2)}, label="axes02"),
+    OpCase("reduce_max", _one((3, 37)), _np(np.max), attrs={"axes": 1}, label="rows"),
     OpCase("reduce_max", _one((2, 3, 4)), _np(np.max), attrs={"axes": 1, "keepdims": True},
            label="keepdims"),
     OpCase("reduce_mean_grad", lambda r: [r.standard_normal((3,)), r.standard_normal((2, 3, 4))],
