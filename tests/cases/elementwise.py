@@ -27,6 +27,7 @@ CASES = [
     OpCase("add", _pair((3, 4), (3, 4)), np.add),
     OpCase("add", _pair((2, 3, 4), (4,)), np.add, label="bias"),
     OpCase("add", _pair((3, 1), (1, 4)), np.add, label="outer"),
+    OpCase("add", _pair((3, 2, 4, 37), (3, 2, 4, 1)), np.add, label="bias HWCN"),
     OpCase("sub", _pair((3, 4), (3, 1)), np.subtract),
     OpCase("mul", _pair((2, 3, 4), (3, 1)), np.multiply),
     OpCase("mul", _pair((), (2, 3)), np.multiply, label="scalar"),
