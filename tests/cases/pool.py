@@ -91,6 +91,9 @@ CASES = [
            attrs=K3S2P1),
     OpCase("max_pool2d_grad", lambda r: [np.zeros((1, 1, 4, 4)), r.standard_normal((1, 1, 2, 2))],
            max_pool_grad_ref, attrs=K2, label="ties-first"),
+    # 2x2 at stride 2 has its own kernel; an odd last row and column are in no window
+    OpCase("max_pool2d_grad", _distinct_and_dy((2, 3, 5, 7), (2, 3, 2, 3)), max_pool_grad_ref,
+           attrs=K2, label="pairs"),
     OpCase("avg_pool2d", _normal((2, 2, 5, 5)), avg_pool_ref, attrs=K3S2P1),
     OpCase("avg_pool2d", _normal((1, 2, 4, 6)), avg_pool_ref, attrs=K23, label="rect"),
     OpCase("avg_pool2d_grad", _normal((2, 2, 3, 3)), avg_pool_grad_ref,
