@@ -311,7 +311,7 @@ def _table_row(workload: str, pt: dict[str, Any]) -> dict[str, Any]:
                            "workers": pt["workers"], "note": note and note[:60]}
     if "median_s" in pt:
         row.update(ms=1e3 * pt["median_s"], speedup=f"{pt['speedup']:.2f}x",
-                   paired=f"{pt.get('paired_speedup', 1.0):.2f}x")
+                   paired=f"{pt['paired_speedup']:.2f}x")
         err = pt["predicted_s"] / pt["median_s"] - 1
         row.update(pred_ms=1e3 * pt["predicted_s"], err=f"{100 * err:+.0f}",
                    pred_ok="PASS" if abs(err) <= TOLERANCE else "FAIL")
