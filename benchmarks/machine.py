@@ -21,10 +21,12 @@ end-to-end figure; this script says where it comes from.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import common
@@ -36,8 +38,19 @@ COLUMNS = [("cpu", "core"), ("alone_ms", "gemm chunk ms alone"),
            ("alone_gbs", "copy GB/s alone"), ("together_gbs", "copy GB/s together")]
 
 
-def extra_flags(p: argparse.ArgumentParser) -> None:
+def parse_args() -> argparse.Namespace:
+    """--seconds and --json only: one thread a core is the point, so the other benchmarks'
+    --threads / --repeats / --warmup have no meaning here."""
+    p = argparse.ArgumentParser(prog="benchmarks/machine.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=5.0, help="seconds of each phase (5)")
+    p.add_argument("--json", type=Path, default=common.RESULTS / "machine.json",
+                   help="where to write results (benchmarks/results/machine.json)")
+    args = p.parse_args()
+    if args.seconds <= 0:
+        p.error("--seconds must be > 0")
+    common.set_threads(1)  # (the spawned children inherit it)
+    return args
 
 
 def _work(cpu: int, seconds: float, queue: Any) -> None:
@@ -84,9 +97,7 @@ def _slow_share(chunks: list[float]) -> float:
 
 
 def main() -> int:
-    args = common.parse_args("machine", __doc__, extra=extra_flags)
-    if args.seconds <= 0:
-        raise ValueError("--seconds must be > 0")
+    args = parse_args()
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         list(range(os.cpu_count() or 1))
     alone = {c: run([c], args.seconds)[c] for c in cpus}
@@ -102,7 +113,11 @@ def main() -> int:
                      "alone_gbs": statistics.median(ma), "together_gbs": statistics.median(mt)})
     common.print_table(rows, COLUMNS, f"{len(cpus)} cores, each phase {args.seconds:g} s, one "
                                       f"thread a core (median chunk, median copy)")
-    common.write_json(args.json, "machine", args, None, rows)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": "machine", "machine": common.machine_info(1, None),
+           "seconds": args.seconds, "rows": rows}
+    args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"\nwrote {args.json}")
     return 0
 
 
