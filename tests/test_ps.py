@@ -103,9 +103,10 @@ def test_duplicate_push_is_applied_once(two_shards):
     client = PSClient([t.address for t in two_shards], layout, timeout=5.0)
     client.init(_values(SHAPES), {"name": "sgd", "lr": 0.5}, [0, 1])
     grads = {n: np.ones(s, np.float32) for n, s in SHAPES.items()}
-    assert client.push(0, 0, grads) == {"applied": True, "duplicate": False}
-    assert client.push(0, 0, grads) == {"applied": False, "duplicate": True}
-    assert client.push(1, 0, grads) == {"applied": True, "duplicate": False}  # other replica
+    fresh, again = {"applied": True, "duplicate": False}, {"applied": False, "duplicate": True}
+    assert client.push(0, 0, grads) == {**fresh, "dropped": []}
+    assert client.push(0, 0, grads) == {**again, "dropped": []}
+    assert client.push(1, 0, grads) == {**fresh, "dropped": []}  # other replica
     got = client.fetch()
     for n, v in _values(SHAPES).items():
         np.testing.assert_allclose(got[n], v - 1.0, rtol=0, atol=1e-6)
@@ -225,6 +226,28 @@ def test_bsp_after_a_restart_jumps_to_the_replicas_version_and_forgets_lost_step
         back.push(r, 4, {"w[0:6]": g}, mode="bsp", version=5)
     assert back.versions["w[0:6]"] == 5 and not back.pending
     assert back.push(1, 4, {"w[0:6]": g}, mode="bsp", version=5)["duplicate"]  # a repeat
+
+
+@pytest.mark.parametrize("order", ["behind first", "ahead first"])
+def test_bsp_after_a_restart_between_two_replicas_fetches_reaches_both_versions(order):
+    """The crash fell after replica 0 fetched step 4's update and before replica 1 did: the
+    restarted shard (still at version 2) hears step 4 from replica 1 and step 5 from replica
+    0, in either order. Replica 1 must get version 5 at once (step 4 was applied and lost)
+    and step 5 must complete with both replicas' gradients, with no deadline involved."""
+    shard = _shard(replicas=(0, 1))
+    shard.versions["w[0:6]"] = 2
+    before = shard.params["w[0:6]"].copy()
+    g = np.ones(6, np.float32)
+    pushes = [(1, 4, 5, g), (0, 5, 6, g)]
+    for r, step, version, grad in pushes if order == "behind first" else pushes[::-1]:
+        assert not shard.push(r, step, {"w[0:6]": grad}, mode="bsp", version=version)["applied"]
+    assert shard.versions["w[0:6]"] == 5  # replica 1 fetches and goes on to step 5
+    np.testing.assert_array_equal(shard.params["w[0:6]"], before)
+    assert shard.push(1, 4, {"w[0:6]": g}, mode="bsp", version=5)["duplicate"]  # a repeat
+    assert shard.push(1, 5, {"w[0:6]": 3 * g}, mode="bsp", version=6)["applied"]
+    assert shard.versions["w[0:6]"] == 6 and not shard.pending and shard.live == {0, 1}
+    Adagrad(0.1).update("w", before, 2 * g)  # the average of g and 3g, once
+    np.testing.assert_allclose(shard.params["w[0:6]"], before, rtol=1e-6)
 
 
 def test_bsp_deadline_runs_in_the_server_loop_without_requests(tmp_path):

@@ -45,6 +45,20 @@ def test_bsp_applies_one_averaged_update_per_step(digits):
     assert set(versions.values()) == {steps}  # one update per step on every slice
 
 
+def test_a_replica_dropped_at_a_bsp_deadline_stops_and_says_so(digits):
+    """Replica 1 sleeps past the barrier's deadline before its first step: the shards drop it,
+    its next push is refused, and it stops with an error naming the shards instead of going on
+    with pushes that are ignored. Replica 0 runs every step."""
+    model = gf.models.digits_lc(batch=None)
+    with _manager(model, 2, "bsp", SGD(0.05), bsp_deadline=0.3, slow={1: 1.5}) as rm:
+        record = rm.fit(_batches(digits, 6), 6)
+        live = [c["live"] for c in rm.client.clocks().values()]
+    assert live == [[0], [0]]
+    assert len(record.failures) == 1, record.failures
+    assert "replica 1: dropped by ps:0 at" in record.failures[0], record.failures
+    assert record.steps_done.get(1, 0) == 0 and record.steps_done[0] == 6
+
+
 def test_downpour_with_adagrad_learns(digits):
     model = gf.models.digits_lc(batch=None)
     with _manager(model, 2, "downpour", Adagrad(0.03)) as rm:

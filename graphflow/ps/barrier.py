@@ -3,7 +3,10 @@ them, then their average is applied once; a replica that misses `bsp_deadline` i
 
 A push names the version its step leads to: a shard restarted from an older checkpoint
 jumps to it, and drops held steps the replicas have moved past, rather than waiting for
-steps that were applied and then lost (the replicas push their current step again).
+steps that were applied and then lost (the replicas push their current step again). A crash
+can fall between two replicas' fetches of a step, so a restarted shard may hear step s from
+one replica and s + 1 from another: step s was applied and lost, and its version is reached
+at once, or the replica still at step s would wait for a step that never completes.
 """
 
 from __future__ import annotations
@@ -59,6 +62,12 @@ class BspBarrier:
             if self._seen(key, replica, step) or (
                     held is not None and replica in held.pushed.get(key, ())):
                 continue
+            if any(s > step and key in h.pushed for s, h in self.pending.items()):
+                self._lost(key, step, version, {replica})
+                log.warning("shard %d: bsp step %d of %s from replica %d taken as applied: "
+                            "another replica is past it (applied before this shard's restart)",
+                            self.index, step, key, replica)
+                continue
             if held is None:
                 held = self.pending[step] = BspStep(time.monotonic())
             if key in held.sums:
@@ -94,12 +103,21 @@ class BspBarrier:
         for s in [s for s in self.pending if s < step]:
             held = self.pending[s]
             for key in [k for k in keys if replica not in held.pushed.get(k, {replica})]:
-                del held.pushed[key], held.sums[key]
+                self._lost(key, s, held.version, held.pushed.pop(key))
+                del held.sums[key]
                 log.warning("shard %d: bsp step %d of %s dropped: replica %d is at step %d "
                             "(applied before this shard's restart)", self.index, s, key,
                             replica, step)
             if not held.pushed:
                 del self.pending[s]
+
+    def _lost(self, key: str, step: int, version: int, who: Collection[int]) -> None:
+        """Step `step` of `key` was applied before a restart and lost: reach the version it
+        led to, and take later pushes of it by `who` as repeats."""
+        self.versions[key] = max(self.versions[key], version)
+        for r in who:
+            seen = self.last_step.setdefault(key, {})
+            seen[r] = max(seen.get(r, step), step)
 
     def _bsp_deadlines(self, now: float) -> None:
         """Drop the live replicas that have not pushed a held step within `bsp_deadline`."""

@@ -69,11 +69,12 @@ class PSClient:
         self._ops += 1
         return f"{self._uid}-{self._ops}"
 
-    def _peer(self, s: int) -> str:
+    def peer(self, s: int) -> str:
+        """How errors name shard `s`."""
         return f"ps:{s} at {self.addresses[s]}"
 
     def _connect(self, s: int) -> RpcClient:
-        return RpcClient(self.addresses[s], self._peer(s), self.timeout, self._ctx)
+        return RpcClient(self.addresses[s], self.peer(s), self.timeout, self._ctx)
 
     def _call(self, s: int, method: str, **args: Any) -> Any:
         """One shard's `method`, retried on timeouts for up to `retry_for` s."""
@@ -84,12 +85,12 @@ class PSClient:
             except PeerTimeout as e:
                 waited = time.monotonic() - start
                 if waited >= self.retry_for:
-                    raise PSError(f"{self._peer(s)}: no reply to {method!r} within "
+                    raise PSError(f"{self.peer(s)}: no reply to {method!r} within "
                                   f"{self.timeout:g}s, retried for {waited:.1f}s") from e
                 attempt += 1
                 self.retries += 1
                 log.warning("%s: no reply to %r within %gs; retrying (attempt %d, %.1fs of "
-                            "%gs)", self._peer(s), method, self.timeout, attempt, waited,
+                            "%gs)", self.peer(s), method, self.timeout, attempt, waited,
                             self.retry_for)
                 self._rpc[s].close()
                 self._rpc[s] = self._connect(s)
@@ -134,7 +135,7 @@ class PSClient:
             if not todo:
                 break
             if time.monotonic() >= deadline:
-                raise PSError(f"{', '.join(map(self._peer, todo))}: slices still older than "
+                raise PSError(f"{', '.join(map(self.peer, todo))}: slices still older than "
                               f"version {min_version} after {limit:g}s")
             time.sleep(pause)
             pause = min(2 * pause, 0.02)
@@ -142,9 +143,10 @@ class PSClient:
         return self.layout.join({k: v for r in got.values() for k, v in r["values"].items()})
 
     def push(self, replica: int, step: int, grads_by_name: Mapping[str, np.ndarray],
-             mode: str = "async", codec: Any = None, version: int = 0) -> dict[str, bool]:
+             mode: str = "async", codec: Any = None, version: int = 0) -> dict[str, Any]:
         """Send each shard its slices of the gradients of `replica`'s step `step`.
-        {"applied": any slice applied now, "duplicate": every shard saw it before}.
+        {"applied": any slice applied now, "duplicate": every shard saw it before, "dropped":
+        the shards that ignored it (bsp: they dropped the replica)}.
         `codec` (a graphflow.replicas.compress codec) encodes each slice for the wire; its
         state (top-k residuals) is kept per slice key."""
         split = self.layout.split(grads_by_name)
@@ -158,7 +160,8 @@ class PSClient:
         out = self._fan("push", {s: {"replica": replica, "step": step, "grads": d,
                                      "mode": mode, **extra} for s, d in split.items()})
         return {"applied": any(r["applied"] for r in out.values()),
-                "duplicate": bool(out) and all(r["duplicate"] for r in out.values())}
+                "duplicate": bool(out) and all(r["duplicate"] for r in out.values()),
+                "dropped": sorted(s for s, r in out.items() if r.get("dropped"))}
 
     # -- replicas and clocks -------------------------------------------------------------------
     def clock_ok(self, replica: int, clock: int, staleness: int) -> bool:
@@ -224,7 +227,7 @@ class PSClient:
             try:
                 self._rpc[s].call("shutdown")
             except PeerTimeout:
-                log.warning("%s: no reply to 'shutdown'", self._peer(s))
+                log.warning("%s: no reply to 'shutdown'", self.peer(s))
 
     def close(self) -> None:
         """Close the sockets and the fan-out threads."""

@@ -184,8 +184,12 @@ class PSLink:
         if self.mode == "bsp":
             # a repeat goes uncompressed: encoding again would count top-k residuals twice
             codec = None if again else self.codec
-            client.push(self.replica, step, sums, mode="bsp", version=self.version0 + step + 1,
-                        codec=codec)
+            out = client.push(self.replica, step, sums, mode="bsp",
+                              version=self.version0 + step + 1, codec=codec)
+            if out["dropped"]:  # its pushes would be ignored from now on: stop, say why
+                peers = ", ".join(map(client.peer, out["dropped"]))
+                raise LinkError(f"replica {self.replica}: dropped by {peers} at step {step} "
+                                f"(a bsp barrier waited past its deadline for it)")
         else:
             client.push(self.replica, step, sums, mode="async", codec=self.codec)
         self.pushes += 1
