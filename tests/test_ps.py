@@ -1,5 +1,5 @@
-"""The parameter server in one process: layout, shard rules (dedup, bsp, ssp clocks, vector
-ops), checkpoints, and the RPC path through shards served by threads."""
+"""The parameter server in one process: layout, shard rules (dedup, ssp clocks, vector ops),
+checkpoints, and the RPC path through shards served by threads (bsp: test_ps_bsp.py)."""
 
 import logging
 import os
@@ -13,6 +13,7 @@ from graphflow.optim import Adagrad
 from graphflow.ps import Layout, PSClient, PSError, Shard, ShardError, ShardThread
 from graphflow.ps import checkpoint as ckpt
 from graphflow.transport import RemoteError
+from tests.ps_helpers import make_shard
 
 SHAPES = {"w1": (37, 11), "b1": (11,), "w2": (11, 3), "b2": (3,), "empty": (0, 4)}
 
@@ -117,7 +118,7 @@ def test_duplicate_push_is_applied_once(two_shards):
     client.close()
 
 
-def test_compressed_pushes_are_decoded_on_the_shard(two_shards):
+def test_compressed_pushes_are_decoded_on_themake_shard(two_shards):
     from graphflow.replicas.compress import make_codec
 
     shapes = {"a": (10,), "b": (7,)}
@@ -172,99 +173,8 @@ def test_errors_name_the_shard_and_the_key(two_shards, tmp_path):
 
 # -- bsp and ssp --------------------------------------------------------------------------------
 
-def _shard(replicas=(0, 1, 2), opt=None, **kw):
-    shard = Shard(0, **kw)
-    shard.init({"w[0:6]": np.arange(6, dtype=np.float32)}, opt or {"name": "adagrad", "lr": 0.1},
-               list(replicas), bsp_deadline=5.0)
-    return shard
-
-
-def test_bsp_applies_one_averaged_update_per_step_and_drops_late_replicas(caplog):
-    shard, local = _shard(), Adagrad(0.1)
-    expected = np.arange(6, dtype=np.float32)
-    rng = np.random.default_rng(2)
-    for step in range(3):
-        grads = [rng.standard_normal(6).astype(np.float32) for _ in range(3)]
-        for r in (2, 0):
-            assert shard.push(r, step, {"w[0:6]": grads[r]}, mode="bsp")["applied"] is False
-        assert shard.push(2, step, {"w[0:6]": grads[2]}, mode="bsp")["duplicate"] is True
-        assert shard.versions["w[0:6]"] == step
-        assert shard.push(1, step, {"w[0:6]": grads[1]}, mode="bsp")["applied"] is True
-        local.update("w", expected, (grads[0] + grads[1] + grads[2]) / np.float32(3))
-        np.testing.assert_allclose(shard.params["w[0:6]"], expected, rtol=1e-6)
-        assert shard.versions["w[0:6]"] == step + 1
-    g = np.ones(6, np.float32)
-    shard.push(0, 3, {"w[0:6]": g}, mode="bsp")
-    shard.push(1, 3, {"w[0:6]": 3 * g}, mode="bsp")
-    started = shard.pending[3].started
-    shard.tick(now=started + 4.0)  # not late yet
-    assert shard.versions["w[0:6]"] == 3 and shard.live == {0, 1, 2}
-    with caplog.at_level(logging.WARNING, logger="graphflow.ps"):
-        shard.tick(now=started + 5.5)
-    assert "shard 0: bsp step 3: dropped replica 2 (no push within 5s)" in caplog.text
-    assert shard.live == {0, 1} and shard.versions["w[0:6]"] == 4
-    local.update("w", expected, 2 * g)
-    np.testing.assert_allclose(shard.params["w[0:6]"], expected, rtol=1e-6)
-    assert shard.push(2, 3, {"w[0:6]": g}, mode="bsp") == {
-        "applied": False, "duplicate": False, "dropped": True}
-    shard.push(0, 4, {"w[0:6]": g}, mode="bsp")
-    assert shard.push(1, 4, {"w[0:6]": g}, mode="bsp")["applied"]  # two live replicas now
-    assert shard.versions["w[0:6]"] == 5 and not shard.pending
-
-
-def test_bsp_after_a_restart_jumps_to_the_replicas_version_and_forgets_lost_steps(tmp_path):
-    """Restored from a checkpoint taken at step 1 (step 0 of replica 1 held), the shard meets
-    replicas already at step 4: the held step is dropped, not waited for, and step 4 brings the
-    slice to the version the replicas wait for."""
-    shard = _shard(replicas=(0, 1), checkpoint_dir=tmp_path)
-    g = np.ones(6, np.float32)
-    shard.push(0, 0, {"w[0:6]": g}, mode="bsp", version=1)
-    shard.checkpoint()  # step 0: replica 0 pushed, replica 1 not yet
-    back = Shard(0, checkpoint_dir=tmp_path)
-    assert sorted(back.pending) == [0] and back.pending[0].version == 1
-    for r in (0, 1):  # step 0 ran and was lost; they are at step 4 now
-        back.push(r, 4, {"w[0:6]": g}, mode="bsp", version=5)
-    assert back.versions["w[0:6]"] == 5 and not back.pending
-    assert back.push(1, 4, {"w[0:6]": g}, mode="bsp", version=5)["duplicate"]  # a repeat
-
-
-@pytest.mark.parametrize("order", ["behind first", "ahead first"])
-def test_bsp_after_a_restart_between_two_replicas_fetches_reaches_both_versions(order):
-    """The crash fell after replica 0 fetched step 4's update and before replica 1 did: the
-    restarted shard (still at version 2) hears step 4 from replica 1 and step 5 from replica
-    0, in either order. Replica 1 must get version 5 at once (step 4 was applied and lost)
-    and step 5 must complete with both replicas' gradients, with no deadline involved."""
-    shard = _shard(replicas=(0, 1))
-    shard.versions["w[0:6]"] = 2
-    before = shard.params["w[0:6]"].copy()
-    g = np.ones(6, np.float32)
-    pushes = [(1, 4, 5, g), (0, 5, 6, g)]
-    for r, step, version, grad in pushes if order == "behind first" else pushes[::-1]:
-        assert not shard.push(r, step, {"w[0:6]": grad}, mode="bsp", version=version)["applied"]
-    assert shard.versions["w[0:6]"] == 5  # replica 1 fetches and goes on to step 5
-    np.testing.assert_array_equal(shard.params["w[0:6]"], before)
-    assert shard.push(1, 4, {"w[0:6]": g}, mode="bsp", version=5)["duplicate"]  # a repeat
-    assert shard.push(1, 5, {"w[0:6]": 3 * g}, mode="bsp", version=6)["applied"]
-    assert shard.versions["w[0:6]"] == 6 and not shard.pending and shard.live == {0, 1}
-    Adagrad(0.1).update("w", before, 2 * g)  # the average of g and 3g, once
-    np.testing.assert_allclose(shard.params["w[0:6]"], before, rtol=1e-6)
-
-
-def test_bsp_deadline_runs_in_the_server_loop_without_requests(tmp_path):
-    with ShardThread(f"ipc://{tmp_path}/ps0", 0) as t:
-        client = PSClient([t.address], Layout.build({"w": (6,)}, 1), timeout=5.0)
-        client.init({"w": np.zeros(6, np.float32)}, {"name": "sgd", "lr": 1.0}, [0, 1, 2],
-                    bsp_deadline=0.2)
-        client.push(0, 0, {"w": np.ones(6, np.float32)}, mode="bsp")
-        client.push(1, 0, {"w": 3 * np.ones(6, np.float32)}, mode="bsp")
-        got = client.fetch(min_version=1, wait=3.0)  # only the loop's tick can complete it
-        np.testing.assert_array_equal(got["w"], -2 * np.ones(6))
-        assert client.clocks()[0]["live"] == [0, 1]
-        client.close()
-
-
 def test_clock_ok_is_ssp(two_shards):
-    shard = _shard()
+    shard = make_shard()
     assert shard.clock_ok(0, 2, staleness=2) and not shard.clock_ok(0, 3, staleness=2)
     for r in (0, 1):
         shard.push(r, 2, {"w[0:6]": np.zeros(6, np.float32)})  # clocks 0, 1 -> 3
@@ -346,7 +256,7 @@ def test_a_retried_axpy_is_done_once(tmp_path, monkeypatch):
 # -- checkpoints ----------------------------------------------------------------------------------
 
 def test_checkpoint_round_trip_restores_everything(tmp_path):
-    shard = _shard(checkpoint_dir=tmp_path, opt={"name": "adagrad", "lr": 0.1})
+    shard = make_shard(checkpoint_dir=tmp_path, opt={"name": "adagrad", "lr": 0.1})
     rng = np.random.default_rng(3)
     for step in range(3):
         shard.push(0, step, {"w[0:6]": rng.standard_normal(6).astype(np.float32)})
@@ -374,7 +284,7 @@ def test_checkpoint_round_trip_restores_everything(tmp_path):
 
 
 def test_checkpoints_are_written_automatically(tmp_path):
-    shard = _shard(checkpoint_dir=tmp_path, checkpoint_every=3, checkpoint_seconds=60)
+    shard = make_shard(checkpoint_dir=tmp_path, checkpoint_every=3, checkpoint_seconds=60)
     newest = lambda: ckpt.checkpoints(tmp_path, 0)[-1].name  # noqa: E731
     assert newest() == "shard0-0000000001.npz"  # written by init
     for step in range(2):
@@ -393,7 +303,7 @@ def test_checkpoints_are_written_automatically(tmp_path):
 
 
 def test_unusable_checkpoints_are_skipped(tmp_path, caplog):
-    shard = _shard(checkpoint_dir=tmp_path)
+    shard = make_shard(checkpoint_dir=tmp_path)
     shard.push(0, 0, {"w[0:6]": np.ones(6, np.float32)})
     good = shard.checkpoint()
     (tmp_path / "shard0-0000000009.npz").write_bytes(b"PK\x03\x04 not really a zip")
@@ -407,4 +317,4 @@ def test_unusable_checkpoints_are_skipped(tmp_path, caplog):
     assert not (tmp_path / ".shard0-abc.tmp").exists()
     assert Shard(1, checkpoint_dir=tmp_path).restored_from is None  # another index's files
     with pytest.raises(ShardError, match="no checkpoint directory"):
-        _shard().checkpoint()
+        make_shard().checkpoint()
