@@ -30,8 +30,9 @@ def parse_args(name: str, doc: str, argv: Sequence[str] | None = None,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=1,
                    help="threads for BLAS, OpenMP, Numba and torch (default 1)")
-    p.add_argument("--repeats", type=int, default=7, help="timed repeats; median reported (7)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed warm-up runs (2)")
+    p.add_argument("--repeats", type=int, default=7,
+                   help="timed repeats; median reported (%(default)s)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed warm-up runs (%(default)s)")
     p.add_argument("--json", type=Path, default=RESULTS / f"{name}.json",
                    help=f"where to write results (benchmarks/results/{name}.json)")
     if extra:
@@ -70,14 +71,16 @@ def load_torch(threads: int) -> Any:
 def measure(fns: dict[str, Callable[[], Any]], repeats: int,
             warmup: int) -> dict[str, dict[str, Any]]:
     """Time each of `fns` (name -> callable): `warmup` untimed runs each, then `repeats` rounds
-    that run them in turn (interleaved, so a busy neighbour slows all alike). Per name, seconds:
-    median, min and all times."""
+    that run them in turn (interleaved, so a busy neighbour slows all alike; every other round
+    in reverse, so none always runs first or right after the same one). Per name, seconds:
+    median, min and all times (in round order)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    order = list(fns.items())
+    for r in range(repeats):
+        for name, fn in order if r % 2 == 0 else order[::-1]:
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)

@@ -9,7 +9,7 @@ ours and bare are interleaved; the table shows the median GB/s and ours/bare (ta
 "paired" (the median of ours/bare over adjacent runs, steadier when a neighbour is busy) and the
 CPU time per message of both processes together (all threads, zmq's I/O threads included).
 
-    python benchmarks/transport.py                    # 1 MB x 500 messages, 7 repeats
+    python benchmarks/transport.py                    # 1 MB x 500 messages, 15 repeats
     python benchmarks/transport.py --size-mb 64 --messages 20 --transports tcp
 """
 
@@ -40,6 +40,8 @@ def extra_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transports", nargs="+", choices=("ipc", "tcp"), default=["ipc", "tcp"],
                    help="transports to measure (ipc tcp)")
     p.add_argument("--hwm", type=int, default=16, help="Endpoint queue length in messages (16)")
+    # a run is a fraction of a second, and a median of 7 still swung from 0.53 to 1.04 here
+    p.set_defaults(repeats=15)
 
 
 def _bind(transport: str, tmp: str, name: str) -> str:
