@@ -55,7 +55,7 @@ def test_a_replica_dropped_at_a_bsp_deadline_stops_and_says_so(digits):
         live = [c["live"] for c in rm.client.clocks().values()]
     assert live == [[0], [0]]
     assert len(record.failures) == 1, record.failures
-    assert "replica 1: dropped by ps:0 at" in record.failures[0], record.failures
+    assert "replica 1: step 0 refused, dropped by ps:0 at" in record.failures[0], record.failures
     assert record.steps_done.get(1, 0) == 0 and record.steps_done[0] == 6
 
 

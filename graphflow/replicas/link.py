@@ -188,8 +188,8 @@ class PSLink:
                               version=self.version0 + step + 1, codec=codec)
             if out["dropped"]:  # its pushes would be ignored from now on: stop, say why
                 peers = ", ".join(map(client.peer, out["dropped"]))
-                raise LinkError(f"replica {self.replica}: dropped by {peers} at step {step} "
-                                f"(a bsp barrier waited past its deadline for it)")
+                raise LinkError(f"replica {self.replica}: step {step} refused, dropped by "
+                                f"{peers} (a bsp barrier waited past its deadline for it)")
         else:
             client.push(self.replica, step, sums, mode="async", codec=self.codec)
         self.pushes += 1
