@@ -115,8 +115,8 @@ class BspBarrier:
         """Step `step` of `key` was applied before a restart and lost: reach the version it
         led to, and take later pushes of it by `who` as repeats."""
         self.versions[key] = max(self.versions[key], version)
+        seen = self.last_step.setdefault(key, {})
         for r in who:
-            seen = self.last_step.setdefault(key, {})
             seen[r] = max(seen.get(r, step), step)
 
     def _bsp_deadlines(self, now: float) -> None:
