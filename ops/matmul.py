@@ -1,6 +1,8 @@
 """Matrix multiply: matmul(a, b) = op(a) @ op(b), op = identity or transpose (attrs transpose_a/b).
 
-The kernel calls BLAS gemm with transpose flags, so transposed operands are never copied.
+The kernel calls BLAS gemm with transpose flags, so transposed operands are never copied; a few
+rows against a large b.T (a dense layer's backward pass on a micro-batch) go to `small_gemm`,
+which does not pack b on every call.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from graphflow.errors import ShapeError
 from graphflow.ir import Node
 from graphflow.ops.blas import NT, TR, gemm
 from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
+from graphflow.ops.small_gemm import matmul_nt, wins
 
 Grads = Sequence[Node | None]
 
@@ -36,6 +39,9 @@ def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool
         return out
     if k == 0:
         out.fill(0)
+        return out
+    if transpose_b and not transpose_a and wins(m, n, k):
+        matmul_nt(a, b, out, out.dtype.type(0))
         return out
     matmul_kernel(a.reshape(-1), a.shape[1], b.reshape(-1), b.shape[1], out.reshape(-1), m, n, k,
                   transpose_a, transpose_b)

@@ -1,0 +1,81 @@
+"""ops/small_gemm.py: a few rows of a @ b.T as tiled dot products, in place of BLAS."""
+
+import numpy as np
+import pytest
+
+import graphflow as gf
+import graphflow.ops.matmul as matmul_mod
+from graphflow.ops.matmul import matmul, matmul_into
+from graphflow.ops.reduce import reduce_sum
+from graphflow.ops.small_gemm import matmul_nt, wins
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m", [1, 3, 4, 6, 17])
+@pytest.mark.parametrize("n", [64, 66, 71])
+def test_matches_float64_reference_with_any_remainder(dtype, m, n):
+    rng = np.random.default_rng(m * 100 + n)
+    a = rng.standard_normal((m, 300)).astype(dtype)
+    b = rng.standard_normal((n, 300)).astype(dtype)
+    out = np.full((m, n), np.nan, dtype)
+    matmul_nt(a, b, out, dtype(0))
+    want = a.astype(np.float64) @ b.astype(np.float64).T
+    tol = 1e-6 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(out, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+def test_nan_and_inf_keep_their_meaning():
+    a = np.ones((5, 256), np.float32)
+    b = np.ones((64, 256), np.float32)
+    a[1, 7], a[3, 0] = np.nan, np.inf
+    out = np.empty((5, 64), np.float32)
+    matmul_nt(a, b, out, np.float32(0))
+    assert np.isnan(out[1]).all() and np.isposinf(out[3]).all()
+    assert (out[[0, 2, 4]] == 256).all()
+
+
+def test_wins_only_for_few_rows_against_a_wide_deep_b():
+    assert wins(16, 2560, 2560) and wins(64, 64, 256)
+    assert not wins(65, 2560, 2560)   # BLAS's packing pays off from here
+    assert not wins(16, 10, 2560)     # a 10-way classifier's output
+    assert not wins(16, 2560, 64)     # short dot products
+
+
+def test_matmul_into_sends_small_nt_products_here_and_the_rest_to_blas(monkeypatch):
+    calls = []
+
+    def spy(a, b, out, zero):
+        calls.append(out.shape)
+        matmul_nt(a, b, out, zero)
+    monkeypatch.setattr(matmul_mod, "matmul_nt", spy)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((8, 512)), rng.standard_normal((128, 512))
+    np.testing.assert_allclose(matmul_into(a, b, np.empty((8, 128)), transpose_b=True), a @ b.T)
+    big = rng.standard_normal((128, 512))
+    np.testing.assert_allclose(matmul_into(big, b, np.empty((128, 128)), transpose_b=True),
+                               big @ b.T)
+    np.testing.assert_allclose(matmul_into(a, b.T.copy(), np.empty((8, 128))), a @ b.T)
+    assert calls == [(8, 128)]
+
+
+def test_a_dense_layers_input_gradient_through_it_matches_finite_differences():
+    # dx = dy @ w.T has 6 rows against a 70 x 260 weight: the small-gemm path
+    rng = np.random.default_rng(2)
+    x0, w0, r = rng.standard_normal((6, 70)), rng.standard_normal((70, 260)), \
+        rng.standard_normal((6, 260))
+    with gf.Graph(dtype="float64") as g:
+        x = gf.placeholder("x", (6, 70), "float64")
+        w = gf.parameter("w", (70, 260))
+        loss = reduce_sum(gf.mul(matmul(x, w), gf.constant(r)))
+        dx = gf.gradients(loss, [x])["x"]
+    assert wins(6, 70, 260)
+    sess = gf.Session(g, params={"w": w0})
+    analytic = sess.run(dx, {x: x0})
+    numeric = np.zeros_like(x0)
+    eps = 1e-6
+    for idx in np.ndindex(x0.shape):
+        up, down = x0.copy(), x0.copy()
+        up[idx] += eps
+        down[idx] -= eps
+        numeric[idx] = (sess.run(loss, {x: up}) - sess.run(loss, {x: down})) / (2 * eps)
+    np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-7)
