@@ -1,8 +1,8 @@
 """Matrix multiply: matmul(a, b) = op(a) @ op(b), op = identity or transpose (attrs transpose_a/b).
 
 The kernel calls BLAS gemm with transpose flags, so transposed operands are never copied; a few
-rows against a large b.T (a dense layer's backward pass on a micro-batch) go to `small_gemm`,
-which does not pack b on every call.
+rows against a large b or b.T (a dense layer on a micro-batch) go to `small_gemm`, which does
+not pack b on every call.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from graphflow.errors import ShapeError
 from graphflow.ir import Node
 from graphflow.ops.blas import NT, TR, gemm
 from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
-from graphflow.ops.small_gemm import matmul_nt, wins
+from graphflow.ops.small_gemm import matmul_nn, matmul_nt, wins
 
 Grads = Sequence[Node | None]
 
 
 @njit(cache=True, nogil=True)
-def matmul_kernel(a: np.ndarray, lda: int, b: np.ndarray, ldb: int, out: np.ndarray, m: int,
-                  n: int, k: int, ta: bool, tb: bool) -> None:
-    """Flat row-major out (m, n) = op(a) @ op(b)."""
+def matmul_kernel(a: np.ndarray, lda: int, b: np.ndarray, ldb: int, out: np.ndarray, ldc: int,
+                  m: int, n: int, k: int, ta: bool, tb: bool) -> None:
+    """Flat row-major out (m, n; row stride ldc) = op(a) @ op(b)."""
     zero = np.zeros(1, out.dtype)
-    gemm(TR if ta else NT, TR if tb else NT, m, n, k, a, lda, b, ldb, zero, out, n)
+    gemm(TR if ta else NT, TR if tb else NT, m, n, k, a, lda, b, ldb, zero, out, ldc)
 
 
 def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool = False,
@@ -40,11 +40,16 @@ def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool
     if k == 0:
         out.fill(0)
         return out
-    if transpose_b and not transpose_a and wins(m, n, k):
-        matmul_nt(a, b, out, out.dtype.type(0))
-        return out
-    matmul_kernel(a.reshape(-1), a.shape[1], b.reshape(-1), b.shape[1], out.reshape(-1), m, n, k,
-                  transpose_a, transpose_b)
+    done = 0  # leading columns of out already computed
+    if not transpose_a and wins(m, n, k):
+        if transpose_b:
+            matmul_nt(a, b, out, out.dtype.type(0))
+            return out
+        if out.dtype == np.float32:
+            done = matmul_nn(a, b, out)
+    if done < n:  # the rest, or the last columns short of a whole panel, with BLAS
+        matmul_kernel(a.reshape(-1), a.shape[1], b.reshape(-1)[done:], b.shape[1],
+                      out.reshape(-1)[done:], n, m, n - done, k, transpose_a, transpose_b)
     return out
 
 

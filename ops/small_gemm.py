@@ -1,17 +1,26 @@
-"""out = a @ b.T for a few rows of `a`, as register-tiled dot products (no packing).
+"""A few rows of `a` against a large `b`: a @ b.T and a @ b without packing `b`.
 
 OpenBLAS packs the whole of `b` on every call, so for a few rows against a large weight (a
-dense layer's backward pass at a micro-batch of 16: dx = dy @ w.T) the packing costs as much
-as the multiply. Both operands are read along their rows here, 4 rows of `a` against 4 rows of
-`b` at a time: 16 dot products share 8 loads per step of k and stay in vector registers.
-On this machine (one core, float32, k = n = 2560) it runs 55 / 91 GFLOP/s at 16 / 64 rows
-where BLAS runs 32 / 59, and BLAS wins again from ~128 rows: see `wins`.
+dense layer on a micro-batch of 16) the packing costs as much as the multiply. Here:
+
+- `matmul_nt`, out = a @ b.T (a dense layer's backward, dx = dy @ w.T): both operands are read
+  along their rows, 4 rows of `a` against 4 rows of `b`: 16 dot products that LLVM vectorises
+  and keeps in registers. One core, float32, k = n = 2560: 55 / 91 GFLOP/s at 16 / 64 rows,
+  where BLAS runs 32 / 59.
+- `matmul_nn`, out = a @ b (the forward, y = x @ w): 4 rows of `out` by 64 columns stay in
+  16 vector registers (`simd`) while the kernel walks down `b`'s rows, a block of rows at a
+  time that stays in L2 while every row block of `a` passes over it. Same shapes: 58 / 90
+  GFLOP/s at 16 / 64 rows, where BLAS runs 45 / 82.
+
+BLAS wins again from ~128 rows: see `wins`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from graphflow.ops.simd import vfma, vload, vsplat, vstore
 
 # reassociation lets LLVM vectorise the sums; NaN and inf keep their IEEE meaning
 _FAST = {"reassoc", "contract", "nsz"}
@@ -20,8 +29,13 @@ MIN_DEPTH = 256   # shorter dot products leave BLAS ahead (k = 64: 0.8x)
 MIN_COLS = 64     # a few output columns (a 10-way classifier) leave BLAS ahead
 
 
+PANEL = 64        # output columns a `matmul_nn` tile holds: 4 vectors of 16 float32
+BLOCK_FLOATS = 1 << 18  # of b per pass of `matmul_nn` (1 MB: half this machine's L2 a core)
+
+
 def wins(m: int, n: int, k: int) -> bool:
-    """Whether `matmul_nt` beats BLAS for out (m, n) = a (m, k) @ b (n, k).T."""
+    """Whether these kernels beat BLAS for out (m, n) = a (m, k) @ op(b): few rows, long dot
+    products, many columns (measured alike for `matmul_nt` and `matmul_nn`)."""
     return m <= MAX_ROWS and k >= MIN_DEPTH and n >= MIN_COLS
 
 
@@ -90,3 +104,69 @@ def matmul_nt(a: np.ndarray, b: np.ndarray, out: np.ndarray, zero: float) -> Non
     for j in range(n4, n):
         for i in range(m):
             out[i, j] = _dot(a, b, i, j, zero)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _nn_rows4(a: np.ndarray, b: np.ndarray, o: np.ndarray, i: int, j: int, n: int, k0: int,
+              k1: int) -> None:
+    """o[i:i+4, j:j+64] += a[i:i+4, k0:k1] @ b[k0:k1, j:j+64] (b and o flat, n columns)."""
+    r0, r1, r2, r3 = i * n + j, (i + 1) * n + j, (i + 2) * n + j, (i + 3) * n + j
+    c00, c01, c02, c03 = vload(o, r0), vload(o, r0 + 16), vload(o, r0 + 32), vload(o, r0 + 48)
+    c10, c11, c12, c13 = vload(o, r1), vload(o, r1 + 16), vload(o, r1 + 32), vload(o, r1 + 48)
+    c20, c21, c22, c23 = vload(o, r2), vload(o, r2 + 16), vload(o, r2 + 32), vload(o, r2 + 48)
+    c30, c31, c32, c33 = vload(o, r3), vload(o, r3 + 16), vload(o, r3 + 32), vload(o, r3 + 48)
+    for p in range(k0, k1):
+        q = p * n + j
+        b0, b1, b2, b3 = vload(b, q), vload(b, q + 16), vload(b, q + 32), vload(b, q + 48)
+        x = vsplat(a[i, p])
+        c00, c01, c02, c03 = vfma(x, b0, c00), vfma(x, b1, c01), vfma(x, b2, c02), vfma(x, b3, c03)
+        x = vsplat(a[i + 1, p])
+        c10, c11, c12, c13 = vfma(x, b0, c10), vfma(x, b1, c11), vfma(x, b2, c12), vfma(x, b3, c13)
+        x = vsplat(a[i + 2, p])
+        c20, c21, c22, c23 = vfma(x, b0, c20), vfma(x, b1, c21), vfma(x, b2, c22), vfma(x, b3, c23)
+        x = vsplat(a[i + 3, p])
+        c30, c31, c32, c33 = vfma(x, b0, c30), vfma(x, b1, c31), vfma(x, b2, c32), vfma(x, b3, c33)
+    for r, c0, c1, c2, c3 in ((r0, c00, c01, c02, c03), (r1, c10, c11, c12, c13),
+                              (r2, c20, c21, c22, c23), (r3, c30, c31, c32, c33)):
+        vstore(o, r, c0)
+        vstore(o, r + 16, c1)
+        vstore(o, r + 32, c2)
+        vstore(o, r + 48, c3)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _nn_row1(a: np.ndarray, b: np.ndarray, out: np.ndarray, i: int, j: int, n: int, k0: int,
+             k1: int) -> None:
+    """out[i, j:j+64] += a[i, k0:k1] @ b[k0:k1, j:j+64] (b, out flat, n columns)."""
+    r = i * n + j
+    c0, c1, c2, c3 = vload(out, r), vload(out, r + 16), vload(out, r + 32), vload(out, r + 48)
+    for p in range(k0, k1):
+        q = p * n + j
+        x = vsplat(a[i, p])
+        c0, c1 = vfma(x, vload(b, q), c0), vfma(x, vload(b, q + 16), c1)
+        c2, c3 = vfma(x, vload(b, q + 32), c2), vfma(x, vload(b, q + 48), c3)
+    vstore(out, r, c0)
+    vstore(out, r + 16, c1)
+    vstore(out, r + 32, c2)
+    vstore(out, r + 48, c3)
+
+
+@njit(nogil=True, cache=True)
+def matmul_nn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
+    """out[:, :c] = a (m, k) @ b (k, n)[:, :c] for C-contiguous 2-D float32 arrays, where c is
+    n rounded down to whole 64-column panels; returns c (the caller does the rest)."""
+    m, k = a.shape
+    n = b.shape[1]
+    c = n - n % PANEL
+    m4 = m - m % 4
+    rows = max(16, min(256, BLOCK_FLOATS // n))
+    flat_b, flat_out = b.reshape(-1), out.reshape(-1)
+    out[:, :c] = 0
+    for k0 in range(0, k, rows):
+        k1 = min(k, k0 + rows)
+        for j in range(0, c, PANEL):
+            for i in range(0, m4, 4):
+                _nn_rows4(a, flat_b, flat_out, i, j, n, k0, k1)
+            for i in range(m4, m):
+                _nn_row1(a, flat_b, flat_out, i, j, n, k0, k1)
+    return c

@@ -7,7 +7,7 @@ import graphflow as gf
 import graphflow.ops.matmul as matmul_mod
 from graphflow.ops.matmul import matmul, matmul_into
 from graphflow.ops.reduce import reduce_sum
-from graphflow.ops.small_gemm import matmul_nt, wins
+from graphflow.ops.small_gemm import PANEL, matmul_nn, matmul_nt, wins
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -24,12 +24,41 @@ def test_matches_float64_reference_with_any_remainder(dtype, m, n):
     np.testing.assert_allclose(out, want, rtol=tol, atol=tol * np.abs(want).max())
 
 
-def test_nan_and_inf_keep_their_meaning():
+@pytest.mark.parametrize("m", [1, 3, 4, 6, 17])
+@pytest.mark.parametrize("n", [64, 130, 200])
+def test_nn_matches_float64_reference_and_leaves_the_last_partial_panel(m, n):
+    rng = np.random.default_rng(m * 100 + n)
+    a = rng.standard_normal((m, 300)).astype(np.float32)
+    b = rng.standard_normal((300, n)).astype(np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    done = matmul_nn(a, b, out)
+    assert done == n - n % PANEL
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(out[:, :done], want[:, :done], rtol=1e-6,
+                               atol=1e-6 * np.abs(want).max())
+    assert np.isnan(out[:, done:]).all()  # untouched: matmul_into's BLAS call does these
+
+
+def test_nn_blocks_of_b_rows_add_up():
+    # 5000 rows of b pass in blocks (BLOCK_FLOATS // 64 = 4096 rows, then the rest)
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((4, 5000)), rng.standard_normal((5000, 64))
+    out = np.empty((4, 64), np.float32)
+    matmul_nn(a.astype(np.float32), b.astype(np.float32), out)
+    want = a @ b
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("kernel", ["nt", "nn"])
+def test_nan_and_inf_keep_their_meaning(kernel):
     a = np.ones((5, 256), np.float32)
     b = np.ones((64, 256), np.float32)
     a[1, 7], a[3, 0] = np.nan, np.inf
     out = np.empty((5, 64), np.float32)
-    matmul_nt(a, b, out, np.float32(0))
+    if kernel == "nt":
+        matmul_nt(a, b, out, np.float32(0))
+    else:
+        matmul_nn(a, b.T.copy(), out)
     assert np.isnan(out[1]).all() and np.isposinf(out[3]).all()
     assert (out[[0, 2, 4]] == 256).all()
 
@@ -41,21 +70,43 @@ def test_wins_only_for_few_rows_against_a_wide_deep_b():
     assert not wins(16, 2560, 64)     # short dot products
 
 
-def test_matmul_into_sends_small_nt_products_here_and_the_rest_to_blas(monkeypatch):
+def test_matmul_into_sends_small_products_here_and_the_rest_to_blas(monkeypatch):
     calls = []
 
-    def spy(a, b, out, zero):
-        calls.append(out.shape)
-        matmul_nt(a, b, out, zero)
-    monkeypatch.setattr(matmul_mod, "matmul_nt", spy)
+    def spy(kernel, name):
+        def call(*args):
+            calls.append((name, args[2].shape, args[2].dtype.name))
+            return kernel(*args)
+        return call
+    monkeypatch.setattr(matmul_mod, "matmul_nt", spy(matmul_nt, "nt"))
+    monkeypatch.setattr(matmul_mod, "matmul_nn", spy(matmul_nn, "nn"))
     rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((8, 512)), rng.standard_normal((128, 512))
-    np.testing.assert_allclose(matmul_into(a, b, np.empty((8, 128)), transpose_b=True), a @ b.T)
-    big = rng.standard_normal((128, 512))
-    np.testing.assert_allclose(matmul_into(big, b, np.empty((128, 128)), transpose_b=True),
-                               big @ b.T)
-    np.testing.assert_allclose(matmul_into(a, b.T.copy(), np.empty((8, 128))), a @ b.T)
-    assert calls == [(8, 128)]
+    a, b, big = (rng.standard_normal(s) for s in [(8, 512), (130, 512), (128, 512)])
+    for dtype in (np.float64, np.float32):
+        a, b, big = a.astype(dtype), b.astype(dtype), big.astype(dtype)
+        tol = 1e-12 if dtype == np.float64 else 1e-4
+        for got, want in [
+                (matmul_into(a, b, np.empty((8, 130), dtype), transpose_b=True), a @ b.T),
+                (matmul_into(big, b, np.empty((128, 130), dtype), transpose_b=True), big @ b.T),
+                (matmul_into(a, b.T.copy(), np.empty((8, 130), dtype)), a @ b.T),
+                (matmul_into(big, b.T.copy(), np.empty((128, 130), dtype)), big @ b.T)]:
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+    # a @ b.T of either dtype; a @ b in float32 only, its last 2 columns with BLAS
+    assert calls == [("nt", (8, 130), "float64"), ("nt", (8, 130), "float32"),
+                     ("nn", (8, 130), "float32")]
+
+
+def test_the_vector_intrinsics_take_only_flat_float32_arrays():
+    from numba import njit
+    from numba.core.errors import TypingError
+
+    from graphflow.ops.simd import vload
+
+    @njit
+    def first16(x):
+        return vload(x, 0)
+    with pytest.raises(TypingError, match="contiguous 1-D float32"):
+        first16(np.zeros(16))
 
 
 def test_a_dense_layers_input_gradient_through_it_matches_finite_differences():
