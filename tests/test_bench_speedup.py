@@ -5,8 +5,8 @@ import json
 import pytest
 
 from graphflow.bench import speedup
-from graphflow.bench.prediction import microbatch_rate, weight_phase
-from graphflow.models import speech_mlp
+from graphflow.bench.prediction import TIE, best_microbatches, microbatch_rate, weight_phase
+from graphflow.models import digits_lc, speech_mlp
 from graphflow.partitioners import partition
 
 
@@ -53,7 +53,8 @@ def test_quick_run_writes_points_json_and_png(tmp_path, capsys):
 
 @pytest.mark.parametrize("bad", [["--workers", "0"], ["--workloads", "nope"],
                                  ["--strategies", "spatial,bogus"], ["--steps", "0"],
-                                 ["--batch", "6", "--microbatches", "4"]])
+                                 ["--batch", "6", "--microbatches", "4"],
+                                 ["--microbatches", "some"]])
 def test_bad_arguments_exit_2(bad, capsys):
     assert speedup.main(bad) == 2
     assert "error" in capsys.readouterr().err
@@ -83,3 +84,28 @@ def test_microbatch_rate():
     assert microbatch_rate(plan, 64, 4, _CallOverhead(0.0, 1e-6)) == pytest.approx(1.0)
     # a fixed cost as large as 16 rows' work: (f + 64 r) / (4 f + 64 r) with f = 16 r
     assert microbatch_rate(plan, 64, 4, _CallOverhead(16e-6, 1e-6)) == pytest.approx(80 / 128)
+
+
+def test_auto_picks_the_fewest_micro_batches_predicted_within_a_tie_of_the_best():
+    m = digits_lc(batch=None)
+    plan = partition(m.graph, 2, "layerwise", loss=m.loss)
+    chosen, predicted = best_microbatches(plan, 8, repeats=1)
+    assert set(predicted) == {2, 4, 8}
+    best = min(predicted.values())
+    assert predicted[chosen] <= best * (1 + TIE)
+    assert all(predicted[c] > best * (1 + TIE) for c in predicted if c < chosen)
+    assert best_microbatches(plan, 6, repeats=1)[1].keys() == {2}
+    assert best_microbatches(plan, 5, repeats=1) == (1, {})
+
+
+def test_quick_run_with_auto_micro_batches_says_which_it_chose(tmp_path, capsys):
+    out_json = tmp_path / "speedup.json"
+    code = speedup.main(["--quick", "--workloads", "digits-lc", "--mode", "threads",
+                         "--strategies", "layerwise", "--microbatches", "auto", "--no-progress",
+                         "--json", str(out_json), "--png", str(tmp_path / "s.png")])
+    assert code == 0
+    points = json.loads(out_json.read_text())["workloads"]["digits-lc"]["points"]
+    piped = next(p for p in points if p["strategy"] == "layerwise+1f1b")
+    assert piped["microbatches"] in (2, 4, 8)
+    assert set(piped["microbatch_predictions_s"]) == {"2", "4", "8"}
+    assert f"{piped['microbatches']} micro-batches (auto)" in capsys.readouterr().out

@@ -13,7 +13,8 @@ machine's speed drifts between rounds). The cost model's kernels are timed again
 round and predictions use their medians: a shared machine's speed drifts within minutes, and a
 calibration made once, before the rounds, missed by 30-40% when it did. A pipelined prediction
 runs the schedule through `graphflow.runtime.pipeline.simulate` with the cost model's per-stage
-forward, backward and weight-gradient times.
+forward, backward and weight-gradient times; by default it also picks the pipelined row's
+micro-batch count (2, 4 or 8), the one with the shortest predicted step.
 """
 
 from __future__ import annotations
@@ -39,7 +40,13 @@ from graphflow.bench import (
     machine_info,
     single_threaded,
 )
-from graphflow.bench.prediction import microbatch_rate, predict, predict_curve, workers_used
+from graphflow.bench.prediction import (
+    best_microbatches,
+    microbatch_rate,
+    predict,
+    predict_curve,
+    workers_used,
+)
 from graphflow.costmodel import CostModel, kernels
 from graphflow.ir import Node
 from graphflow.models import WORKLOADS as BUILDERS
@@ -90,8 +97,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=count, default=None, help="mini-batch size (64)")
     p.add_argument("--mode", choices=("processes", "threads"), default="processes",
                    help="one process per worker (default) or one thread per worker")
-    p.add_argument("--microbatches", type=count, default=None,
-                   help="micro-batches of the pipelined layerwise rows (4; 1: none)")
+    p.add_argument("--microbatches", type=_microbatches, default=None,
+                   help="micro-batches of the pipelined layerwise rows: a count (1: no "
+                        "pipelined rows) or auto, the count of 2, 4, 8 with the shortest "
+                        "predicted step (auto)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b",
                    help="pipeline schedule of the pipelined layerwise rows (1f1b)")
     p.add_argument("--json", type=Path, default=Path("benchmarks/results/speedup.json"),
@@ -108,17 +117,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _microbatches(text: str) -> int | str:
+    return text if text == "auto" else count(text)
+
+
 def _settle(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     """Fill the defaults that --quick changes and check the numbers."""
     for key, quick, full in (("steps", 1, 20), ("warmup", 1, 2), ("batch", 8, 64),
-                             ("microbatches", 2, 4)):
+                             ("microbatches", 2, "auto")):
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
     args.machines = MACHINES[:3] if args.quick else MACHINES
     args.repeats = 1 if args.quick else 3
-    if args.steps < 1 or args.warmup < 0 or args.batch < 1 or args.microbatches < 1:
-        p.error("--steps, --batch and --microbatches must be >= 1, --warmup >= 0")
-    if args.batch % args.microbatches:
+    if args.steps < 1 or args.warmup < 0 or args.batch < 1:
+        p.error("--steps and --batch must be >= 1, --warmup >= 0")
+    if args.microbatches != "auto" and args.batch % args.microbatches:
         p.error(f"--batch {args.batch} is not a multiple of --microbatches {args.microbatches}")
 
 
@@ -168,10 +181,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
-def variants(args: argparse.Namespace) -> list[tuple[str, str, int]]:
-    """(row label, strategy, micro-batches): layerwise also pipelined when asked."""
-    out = [(s, s, 1) for s in args.strategies]
-    if "layerwise" in args.strategies and args.microbatches > 1:
+def variants(args: argparse.Namespace) -> list[tuple[str, str, int | str]]:
+    """(row label, strategy, micro-batches or "auto"): layerwise also pipelined when asked."""
+    out: list[tuple[str, str, int | str]] = [(s, s, 1) for s in args.strategies]
+    if "layerwise" in args.strategies and args.microbatches != 1:
         out.append((f"layerwise+{args.schedule}", "layerwise", args.microbatches))
     return out
 
@@ -203,6 +216,11 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
                 plan = plans[i] = partition(model.graph, n, strategy, loss=model.loss,
                                             cost=cost)
                 points[i].update(workers_used=workers_used(plan), times_s=[])
+                if mb == "auto":
+                    bar.label = f"{model.name} choosing micro-batches for {label} P={n}"
+                    mb, choices = best_microbatches(plan, args.batch, args.repeats,
+                                                    args.schedule)
+                    points[i].update(microbatches=mb, microbatch_predictions_s=choices)
                 for b in {args.batch // mb, args.batch}:
                     CostModel.calibrate(plan.graph, b, args.repeats)  # (new kernel shapes)
                     retimed.setdefault(b, {}).update(kernels(plan.graph, b))
@@ -247,8 +265,12 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
            "times_s": ceiling["alone_s"], "median_s": statistics.median(ceiling["alone_s"]),
            "speedup": 1.0, "paired_speedup": 1.0,
            "predicted_s": predict(plan1, args.batch, 1, args.repeats, cost=cost)}
-    predicted = {label: predict_curve(model, strategy, mb, args, cost)
-                 for label, strategy, mb in variants(args)}
+    # a curve takes the micro-batch count chosen for its row's largest worker count
+    chosen = {pt["strategy"]: pt["microbatches"] for pt in points}
+    predicted = {}
+    for label, strategy, mb in variants(args):
+        if (mb := chosen.get(label, mb)) != "auto":  # (not chosen: its plan failed)
+            predicted[label] = predict_curve(model, strategy, mb, args, cost)
     return {"points": [one, *points], "ceiling": ceiling, "predicted": predicted,
             "curve_link": "Link.ten_gigabit(): 1.25 GB/s, 100 us",
             "local_link": {"bandwidth_Bps": cost.link.bandwidth_Bps,
@@ -317,8 +339,9 @@ def _table_row(workload: str, pt: dict[str, Any]) -> dict[str, Any]:
                    pred_ok="PASS" if abs(err) <= TOLERANCE else "FAIL")
         if pt.get("workers_used", pt["workers"]) < pt["workers"]:
             row["note"] = f"only {pt['workers_used']} workers get work"
-        if pt.get("microbatch_rate", 1.0) < 0.9:  # why a pipelined step can lose
-            row["note"] = (f"{pt['microbatches']} micro-batches: kernels at "
+        if "microbatch_rate" in pt:  # how many, and how fast their kernels run (why it loses)
+            how = " (auto)" if "microbatch_predictions_s" in pt else ""
+            row["note"] = (f"{pt['microbatches']} micro-batches{how}, kernels at "
                            f"{pt['microbatch_rate']:.0%} of full-batch speed")
     goal = target(workload, pt["strategy"], pt["workers"])
     if goal is not None:
