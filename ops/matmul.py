@@ -45,7 +45,7 @@ def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool
         if transpose_b:
             matmul_nt(a, b, out, out.dtype.type(0))
             return out
-        if out.dtype == np.float32:
+        if a.dtype == b.dtype == out.dtype == np.float32:  # (its vectors are float32)
             done = matmul_nn(a, b, out)
     if done < n:  # the rest, or the last columns short of a whole panel, with BLAS
         matmul_kernel(a.reshape(-1), a.shape[1], b.reshape(-1)[done:], b.shape[1],
