@@ -28,22 +28,27 @@ def _sgd(p: np.ndarray, g: np.ndarray, lr: float) -> None:
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _momentum(p: np.ndarray, g: np.ndarray, v: np.ndarray, lr: float, mu: float) -> None:
+def _momentum(p: np.ndarray, g: np.ndarray, v: np.ndarray, lr: float, mu: float,
+              scale: float) -> None:
     for i in range(p.size):
-        v[i] = mu * v[i] + g[i]
+        v[i] = mu * v[i] + scale * g[i]
         p[i] -= lr * v[i]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _adagrad(p: np.ndarray, g: np.ndarray, acc: np.ndarray, lr: float, eps: float) -> None:
+def _adagrad(p: np.ndarray, g: np.ndarray, acc: np.ndarray, lr: float, eps: float,
+             scale: float) -> None:
     for i in range(p.size):
-        acc[i] += g[i] * g[i]
+        gi = scale * g[i]
+        acc[i] += gi * gi
         # the floor: with eps 0, an element that never had a gradient stays (0 / tiny = 0)
-        p[i] -= lr * g[i] / max(np.sqrt(acc[i]) + eps, 1e-30)
+        p[i] -= lr * gi / max(np.sqrt(acc[i]) + eps, 1e-30)
 
 
 class Optimizer(ABC):
-    """Base: `update(name, param, grad)` changes `param` in place; state is kept per name."""
+    """Base: `update(name, param, grad, scale)` changes `param` in place from the gradient
+    `scale * grad` (a sum over micro-batches takes its mean here, not in a pass of its own);
+    state is kept per name."""
 
     slots: tuple[str, ...] = ()
 
@@ -53,7 +58,7 @@ class Optimizer(ABC):
         self.lr = lr
         self.state: dict[str, dict[str, np.ndarray]] = {}
 
-    def update(self, name: str, param: np.ndarray, grad: np.ndarray) -> None:
+    def update(self, name: str, param: np.ndarray, grad: np.ndarray, scale: float = 1.0) -> None:
         if param.shape != grad.shape:
             raise ValueError(f"'{name}': gradient shape {grad.shape} != parameter {param.shape}")
         if not param.flags.c_contiguous:
@@ -62,14 +67,15 @@ class Optimizer(ABC):
         if state is None:
             state = self.state[name] = {s: self._initial_slot(param) for s in self.slots}
         g = np.ascontiguousarray(grad, dtype=param.dtype).reshape(-1)
-        self._apply(param.reshape(-1), g, {k: v.reshape(-1) for k, v in state.items()})
+        self._apply(param.reshape(-1), g, {k: v.reshape(-1) for k, v in state.items()}, scale)
 
     def _initial_slot(self, param: np.ndarray) -> np.ndarray:
         return np.zeros_like(param)
 
     @abstractmethod
-    def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray]) -> None:
-        """Update flat `p` from flat `g`, with this name's flat state slots."""
+    def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray],
+               scale: float) -> None:
+        """Update flat `p` from flat `scale * g`, with this name's flat state slots."""
 
     def spec(self) -> dict[str, float | str]:
         """{"name": ..., "lr": ..., ...}: what a worker or shard needs to build the same rule."""
@@ -83,8 +89,9 @@ class Optimizer(ABC):
 class SGD(Optimizer):
     """p -= lr * g"""
 
-    def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray]) -> None:
-        _sgd(p, g, self.lr)
+    def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray],
+               scale: float) -> None:
+        _sgd(p, g, self.lr * scale)
 
 
 class Momentum(Optimizer):
@@ -96,8 +103,9 @@ class Momentum(Optimizer):
         super().__init__(lr)
         self.momentum = momentum
 
-    def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray]) -> None:
-        _momentum(p, g, state["velocity"], self.lr, self.momentum)
+    def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray],
+               scale: float) -> None:
+        _momentum(p, g, state["velocity"], self.lr, self.momentum, scale)
 
 
 class Adagrad(Optimizer):
@@ -116,8 +124,9 @@ class Adagrad(Optimizer):
     def _initial_slot(self, param: np.ndarray) -> np.ndarray:
         return np.full_like(param, self.initial_accumulator)
 
-    def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray]) -> None:
-        _adagrad(p, g, state["sum_sq"], self.lr, self.eps)
+    def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray],
+               scale: float) -> None:
+        _adagrad(p, g, state["sum_sq"], self.lr, self.eps, scale)
 
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": SGD, "momentum": Momentum, "adagrad": Adagrad}

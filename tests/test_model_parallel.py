@@ -90,6 +90,28 @@ def test_training_steps_give_the_same_parameters(workload, strategy):
         assert_close(got[name], want, f"parameter {name} after {steps} steps")
 
 
+@pytest.mark.parametrize("spec", [{"name": "sgd", "lr": 0.05},
+                                  {"name": "momentum", "lr": 0.05, "momentum": 0.9},
+                                  {"name": "adagrad", "lr": 0.05}], ids=lambda s: s["name"])
+def test_pipelined_training_steps_give_the_same_parameters(spec):
+    # the update takes each gradient as a sum over micro-batches and its 1/m scale
+    steps = 3
+    model = WORKLOADS["digits-lc"][0](batch=None)
+    trainer = gf.Trainer(model, gf.optim.OPTIMIZERS[spec["name"]](
+        **{k: v for k, v in spec.items() if k != "name"}))
+    batches = [batch("digits-lc", seed) for seed in range(steps)]
+    for b in batches:
+        trainer.step(b["x"], b["y"])
+    plan = partition(WORKLOADS["digits-lc"][0](batch=None).graph, 2, "layerwise",
+                     loss=model.loss)
+    with Cluster(plan, optimizer=spec, microbatches=2, timeout=60) as cluster:
+        for b in batches:
+            cluster.step(b)
+        got = plan.assemble(cluster.params())
+    for name, want in trainer.session.params.items():
+        assert_close(got[name], want, f"parameter {name} after {steps} steps")
+
+
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("workload", ["speech-mlp", "digits-lc", "lc-large"])

@@ -65,3 +65,15 @@ def test_adagrad_without_eps_leaves_never_updated_elements_alone():
     opt = Adagrad(0.5, eps=0.0)
     opt.update("w", p, np.array([0.0, 2.0, 0.0], np.float32))
     np.testing.assert_allclose(p, [1.0, 0.5, 1.0])
+
+
+@pytest.mark.parametrize("make", [lambda: SGD(0.1), lambda: Momentum(0.1, momentum=0.9),
+                                  lambda: Adagrad(0.5)], ids=["sgd", "momentum", "adagrad"])
+def test_a_scaled_update_is_the_update_of_the_scaled_gradient(make):
+    # a worker hands over a gradient summed over 4 micro-batches with scale 1/4
+    scaled, plain = make(), make()
+    p, q = np.ones((4, 5)), np.ones((4, 5))
+    for g in _grads():
+        scaled.update("w", p, 4 * g, scale=0.25)
+        plain.update("w", q, g)
+    np.testing.assert_allclose(p, q, rtol=1e-12)

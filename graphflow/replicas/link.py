@@ -101,8 +101,10 @@ class PSLink:
                 t.start()
 
     # -- the optimizer's place in Worker.run_step ------------------------------------------------
-    def update(self, name: str, param: np.ndarray, grad: np.ndarray) -> None:
-        """Sum `grad` for the next push (the PS applies it, not this worker)."""
+    def update(self, name: str, param: np.ndarray, grad: np.ndarray, scale: float = 1.0) -> None:
+        """Sum `scale * grad` for the next push (the PS applies it, not this worker)."""
+        if scale != 1.0:
+            grad = grad * np.asarray(scale, param.dtype)
         total = self.sums.get(name)
         if total is None:
             self.sums[name] = np.array(grad, dtype=param.dtype)
@@ -267,8 +269,8 @@ class AllReduceLink:
         self.sums: dict[str, np.ndarray] = {}
         self.trace: Recorder | None = None  # set while a run is traced (graphflow/trace)
 
-    def update(self, name: str, param: np.ndarray, grad: np.ndarray) -> None:
-        self.sums[name] = grad
+    def update(self, name: str, param: np.ndarray, grad: np.ndarray, scale: float = 1.0) -> None:
+        self.sums[name] = grad if scale == 1.0 else grad * np.asarray(scale, param.dtype)
 
     def before_step(self, step: int) -> None:
         pass

@@ -60,7 +60,8 @@ class Updater(Protocol):
     """What a worker hands each parameter's gradient to: an Optimizer, or a link to the
     parameter server (graphflow/replicas/link.py)."""
 
-    def update(self, name: str, param: np.ndarray, grad: np.ndarray) -> None: ...
+    def update(self, name: str, param: np.ndarray, grad: np.ndarray,
+               scale: float = 1.0) -> None: ...
 
 
 class Worker:
@@ -157,15 +158,19 @@ class Worker:
             tr.add(EXECUTOR, "send", "send flush", t0, clock())
         t0 = clock()
         out = {name: _combine(name, vs) for name, vs in got.items() if vs}
-        for name, total in sums.items():  # the mean of the micro-batches' gradients
-            if microbatches > 1 and total.flags.writeable:  # in place: no 100 MB temporaries
-                total *= np.float32(1 / microbatches)
-            elif microbatches > 1:
-                total = total / microbatches
+        # The mean of the micro-batches' gradients: a gradient only the update reads is
+        # handed over as a sum with its scale (no pass over 100 MB of it), a fetched one scaled.
+        updating = train and self.optimizer is not None
+        scale = 1.0 / microbatches
+        for name, total in sums.items():
+            if microbatches > 1 and (name in fetches or not updating):
+                total = total * np.asarray(scale, total.dtype)
             out[name] = total
-        if train and self.optimizer is not None:
+        if updating:
+            assert self.optimizer is not None
             for p, g in self.grads.items():
-                self.optimizer.update(p, self.params[p], out[g])
+                summed = microbatches > 1 and g in sums and g not in fetches
+                self.optimizer.update(p, self.params[p], out[g], scale if summed else 1.0)
         if tr is not None:  # (joining and averaging the micro-batches' results count here)
             tr.add(EXECUTOR, "update", "update", t0, clock(), {"params": len(self.grads)})
         return {name: out[name] for name in fetches}
