@@ -38,7 +38,7 @@ from graphflow.timing import (
 SOURCE_OPS = ("placeholder", "parameter", "constant")
 LOCAL_OPS = ("placeholder", "constant")  # replicated: present on every worker at time 0
 BUILTIN = {"flop_rates": {"*": 60e9}, "bandwidth_Bps": 5e9, "overhead_s": 2e-6,
-           "update_Bps": 20e9}
+           "update_Bps": 20e9, "update_shared_Bps": 12e9}
 
 
 @dataclass(frozen=True)
@@ -139,11 +139,13 @@ class CostModel:
                  bandwidth_Bps: float = BUILTIN["bandwidth_Bps"],
                  overhead_s: float = BUILTIN["overhead_s"], link: Link | None = None,
                  times: Mapping[str, float] | None = None, batch: int = 64,
-                 update_Bps: float = BUILTIN["update_Bps"]) -> None:
+                 update_Bps: float = BUILTIN["update_Bps"],
+                 update_shared_Bps: float = BUILTIN["update_shared_Bps"]) -> None:
         self.measured: dict[str, list[Any]] = {k: list(v) for k, v in (measured or {}).items()}
         self.flop_rates = dict(flop_rates or BUILTIN["flop_rates"])
         self.bandwidth_Bps, self.overhead_s = bandwidth_Bps, overhead_s
         self.update_Bps = update_Bps  # memory passes per second of the optimizer's update
+        self.update_shared_Bps = update_shared_Bps  # ... each, two workers updating at once
         self.link = link or Link.builtin()
         self.times, self.batch = dict(times or {}), batch
         self._memo: dict[str, float] = {}
@@ -179,6 +181,8 @@ class CostModel:
         model._fit()
         if refresh or model.update_Bps == BUILTIN["update_Bps"]:
             model.update_Bps = time_update(repeats)
+        if refresh or model.update_shared_Bps == BUILTIN["update_shared_Bps"]:
+            model.update_shared_Bps = time_update(repeats, streams=2)
         if link and (refresh or model.link == Link.builtin()):
             model.calibrate_link()
         model.save()
@@ -208,7 +212,8 @@ class CostModel:
         data[fingerprint()] = {
             "measured": self.measured, "flop_rates": self.flop_rates,
             "bandwidth_Bps": self.bandwidth_Bps, "overhead_s": self.overhead_s,
-            "update_Bps": self.update_Bps, "link": [self.link.bandwidth_Bps, self.link.latency_s]}
+            "update_Bps": self.update_Bps, "update_shared_Bps": self.update_shared_Bps,
+            "link": [self.link.bandwidth_Bps, self.link.latency_s]}
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
@@ -259,6 +264,24 @@ class CostModel:
         at the optimizer kernel's measured rate."""
         return UPDATE_PASSES * tensor_bytes(param, 1) / self.update_Bps  # (no batch axis)
 
+    def concurrent_updates(self, starts: Sequence[float], alone: Sequence[float]) -> list[float]:
+        """Each worker's update seconds when the workers share one machine's memory: an update
+        that starts at `starts[w]` and takes `alone[w]` by itself goes at the shared rate for
+        the time another worker's update overlaps it (both stream memory).
+
+        >>> cm = CostModel(update_Bps=30e9, update_shared_Bps=20e9)
+        >>> cm.concurrent_updates([0.0, 0.0, 5.0], [2.0, 1.0, 1.0])
+        [2.5, 1.5, 1.0]
+        """
+        stretch = self.update_Bps / self.update_shared_Bps - 1.0
+        out = []
+        for w, (s, a) in enumerate(zip(starts, alone, strict=True)):
+            overlap = max((min(s + a, t + b) - max(s, t) for v, (t, b)
+                           in enumerate(zip(starts, alone, strict=True)) if v != w and b > 0),
+                          default=0.0)
+            out.append(a + max(overlap, 0.0) * stretch if a > 0 else 0.0)
+        return out
+
     def transfer_seconds(self, nbytes: float, link: Link | None = None) -> float:
         """Seconds to move `nbytes` over `link` (default: this model's calibrated link)."""
         return (link or self.link).seconds(nbytes)
@@ -283,17 +306,18 @@ class CostModel:
         if missing:
             raise KeyError(f"placement has no worker for {len(missing)} nodes, e.g. {missing[:3]}")
         where = {n: placement[n.name] for n in graph.nodes}
-        first, spans = self._simulate(graph, where, batch, link, {})
-        if contention <= 1.0 or len(first.busy) < 2:
+        shared = contention > 1.0  # workers of one machine
+        first, spans = self._simulate(graph, where, batch, link, {}, shared)
+        if not shared or len(first.busy) < 2:
             return first
         slow = {n: 1.0 + (contention - 1.0) * _shared_fraction(spans, n) for n in spans}
-        return self._simulate(graph, where, batch, link, slow)[0]
+        return self._simulate(graph, where, batch, link, slow, shared)[0]
 
     def _simulate(self, graph: Graph, where: Mapping[Node, int], batch: int, link: Link,
-                  slow: Mapping[Node, float]
+                  slow: Mapping[Node, float], shared: bool = False
                   ) -> tuple[Prediction, dict[Node, tuple[int, float, float]]]:
-        """The list scheduling of `predict`, node durations times `slow`; also each node's
-        (worker, start, end)."""
+        """The list scheduling of `predict`, node durations times `slow`, updates that
+        overlap sharing the memory when `shared`; also each node's (worker, start, end)."""
         workers = max(where.values(), default=0) + 1
         free, link_free, busy = [0.0] * workers, [0.0] * workers, [0.0] * workers
         bytes_in, bytes_out = [0] * workers, [0] * workers
@@ -325,12 +349,13 @@ class CostModel:
                 bytes_in[d] += nbytes
                 transfers.append(Transfer(n.name, w, d, nbytes, start, seconds))
         # then each worker updates the parameters it holds: read p and g, write p
+        alone = [0.0] * workers
         for n in graph.nodes:
             if n.op == "parameter":
-                w = where[n]
-                seconds = self.update_seconds(n)
-                free[w] += seconds
-                busy[w] += seconds
+                alone[where[n]] += self.update_seconds(n)
+        for w, seconds in enumerate(self.concurrent_updates(free, alone) if shared else alone):
+            free[w] += seconds
+            busy[w] += seconds
         step = max([*ready.values(), *free], default=0.0)
         return Prediction(step, busy, bytes_in, bytes_out, transfers), spans
 

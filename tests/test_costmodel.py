@@ -119,6 +119,25 @@ def test_each_worker_ends_with_the_update_of_its_parameters_at_the_measured_rate
     assert p.step_seconds == pytest.approx(1.0 + 1.0) and p.busy == [pytest.approx(2.0)]
 
 
+def test_updates_of_workers_on_one_machine_share_its_memory():
+    with gf.Graph() as g:
+        x = gf.placeholder("x", (None, 1000))
+        w0, w1 = gf.parameter("w0", (1000,)), gf.parameter("w1", (1000,))
+        gf.mul(x, w0, name="m0")
+        gf.mul(x, w1, name="m1")
+    place = {"x": 0, "w0": 0, "m0": 0, "w1": 1, "m1": 1}
+    # alone an update takes 1 s; two at once go at half the rate each
+    cm = CostModel(times={"m0": 1.0, "m1": 1.0}, update_Bps=3 * ROW,
+                   update_shared_Bps=1.5 * ROW, bandwidth_Bps=1.0, batch=1)
+    assert cm.predict(g, place, contention=1.5).busy == [pytest.approx(1.5 + 2.0)] * 2
+    # on two machines (no contention) each update runs alone
+    assert cm.predict(g, place).busy == [pytest.approx(2.0)] * 2
+    # staggered: only the overlapping half of each update is slowed
+    cm.times["m1"] = 1.5
+    assert cm.predict(g, place, contention=1.0 + 1e-9).busy == [
+        pytest.approx(1.0 + 1.5), pytest.approx(1.5 + 1.5)]
+
+
 def test_missing_placement_names_the_nodes():
     g, _ = _chain()
     with pytest.raises(KeyError, match="no worker"):
@@ -179,5 +198,6 @@ def test_calibration_smoke_and_cache(tmp_path, monkeypatch):
     again = CostModel.default(batch=8)
     assert again.measured == cm.measured and again.link == cm.link
     assert cm.update_Bps > 0 and again.update_Bps == cm.update_Bps
+    assert 0 < cm.update_shared_Bps and again.update_shared_Bps == cm.update_shared_Bps
     n = m.graph["lc2/local2d"]
     assert again.node_seconds(n) == cm.node_seconds(n, 8)

@@ -54,6 +54,8 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
         lo = min(t.src, t.dst)
         hops[lo] = max(hops[lo], link.seconds(t.nbytes(mb)))
     ends = simulate(schedule, microbatches, work["F"], work["B"], work["W"], hops)
+    if contention > 1.0:  # the stages share one machine's memory
+        update = cm.concurrent_updates(ends, update)
     return dispatch + max(end + u for end, u in zip(ends, update, strict=True))
 
 
