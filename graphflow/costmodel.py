@@ -273,7 +273,7 @@ class CostModel:
         >>> cm.concurrent_updates([0.0, 0.0, 5.0], [2.0, 1.0, 1.0])
         [2.5, 1.5, 1.0]
         """
-        stretch = self.update_Bps / self.update_shared_Bps - 1.0
+        stretch = max(self.update_Bps / self.update_shared_Bps - 1.0, 0.0)  # (noise: never faster)
         out = []
         for w, (s, a) in enumerate(zip(starts, alone, strict=True)):
             overlap = max((min(s + a, t + b) - max(s, t) for v, (t, b)

@@ -136,6 +136,9 @@ def test_updates_of_workers_on_one_machine_share_its_memory():
     cm.times["m1"] = 1.5
     assert cm.predict(g, place, contention=1.0 + 1e-9).busy == [
         pytest.approx(1.0 + 1.5), pytest.approx(1.5 + 1.5)]
+    # a shared rate measured above the lone one (noise) never shortens an update
+    noisy = CostModel(update_Bps=20e9, update_shared_Bps=30e9)
+    assert noisy.concurrent_updates([0.0, 0.0], [1.0, 1.0]) == [1.0, 1.0]
 
 
 def test_missing_placement_names_the_nodes():
