@@ -84,7 +84,7 @@ def time_update(repeats: int, size: int = 1 << 24, streams: int = 1) -> float:
         times = []
         for _ in range(max(repeats, 1) + 1):
             t0 = time.perf_counter()
-            list(pool.map(lambda pg: sgd.update("p", *pg), arrays))
+            list(pool.map(lambda i: sgd.update(f"p{i}", *arrays[i]), range(streams)))
             times.append(time.perf_counter() - t0)
     return UPDATE_PASSES * 4 * size / statistics.median(times[1:])
 
