@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,16 +70,18 @@ class Trainer:
     def _fit(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], steps: int,
              progress: bool, log_every: int) -> History:
         history = History()
-        it = iter(batches)
         with Progress(steps, "train", enabled=progress) as bar:
-            for i in range(steps):
-                x, y = next(it)
-                loss = self.step(x, y)
+            for i, loss in enumerate(self._losses(islice(batches, steps))):
                 if self.step_count % log_every == 0 or i == steps - 1:
                     history.steps.append(self.step_count)
                     history.losses.append(loss)
                 bar.update(loss=loss)
         return history
+
+    def _losses(self, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterator[float]:
+        """A training step on each batch, in turn: its loss."""
+        for x, y in batches:
+            yield self.step(x, y)
 
     def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
         """Class predictions (argmax of the logits)."""
@@ -119,6 +122,14 @@ class PartitionedTrainer(Trainer):
         out = self.cluster.step({self.model.x.name: x, self.model.y.name: y})
         self.step_count += 1
         return float(out[self.model.loss.name])
+
+    def _losses(self, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterator[float]:
+        """Streamed steps (Cluster.stream): each worker starts the next step as soon as its
+        part of this one is done."""
+        feeds = ({self.model.x.name: x, self.model.y.name: y} for x, y in batches)
+        for out in self.cluster.stream(feeds):
+            self.step_count += 1
+            yield float(out[self.model.loss.name])
 
     def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
         self.session.params.update(self.plan.assemble(self.cluster.params()))

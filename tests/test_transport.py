@@ -339,6 +339,15 @@ def test_rpc_server_survives_hostile_requests(server):
         assert c.call("add", a=1, b=2) == 3
 
 
+def test_rpc_requests_sent_ahead_are_answered_in_order(server):
+    with RpcClient(server.address, "w0", timeout=5.0) as c:
+        ids = [c.send("echo", value=i, delay=0.05) for i in range(3)]
+        assert [c.receive(rid, "echo") for rid in ids] == [0, 1, 2]
+        first, second = c.send("echo", value="dropped"), c.send("add", a=1, b=2)
+        assert c.receive(second, "add") == 3, "an earlier reply nobody asked for is skipped"
+        assert first < second
+
+
 def test_rpc_late_reply_is_discarded(server):
     with RpcClient(server.address, "w0", timeout=0.2) as c:
         with pytest.raises(PeerTimeout, match="no reply from w0 to 'echo' within 0.2s"):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from graphflow.runtime.cluster import THREAD_VARS, core_share, worker_env
+from graphflow.runtime.cores import THREAD_VARS, core_share, worker_env
 
 
 def test_a_worker_process_gets_its_share_of_the_cores(monkeypatch):
@@ -27,7 +27,7 @@ def test_worker_threads_limit_blas_while_the_cluster_lives():
 import numpy as np, graphflow as gf
 from threadpoolctl import threadpool_info
 from graphflow.runtime import Cluster
-from graphflow.runtime.cluster import core_share
+from graphflow.runtime.cores import core_share
 def blas():
     return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
 before = blas()

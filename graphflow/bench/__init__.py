@@ -17,7 +17,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from graphflow.runtime.cluster import BLAS_THREAD_VARS
+from graphflow.runtime.cores import BLAS_THREAD_VARS
 
 # NUMBA_NUM_THREADS is left alone: numba re-reads the environment whenever it compiles and
 # refuses a new value once its thread pool runs (our kernels are not parallel anyway).

@@ -6,8 +6,8 @@ model's predicted step time; then the predicted speedup on 1 to 64 machines over
 network, and the machine's ceiling: the throughput of two independent 1-worker processes at once
 over one alone (the best a 2-worker speedup can be here and now).
 
-Every cluster of a workload is started first, then timed in rounds (a step of each per round),
-so a busy neighbour slows all alike; speedup = median 1-worker step / median step, and "paired"
+Every cluster of a workload is started first, then timed in rounds (a few steps of each per
+round, streamed as training runs them: `Cluster.stream`), so a busy neighbour slows all alike; speedup = median 1-worker step / median step, and "paired"
 is the median over rounds of the round's 1-worker step over the point's step (steadier when the
 machine's speed drifts between rounds). The cost model's kernels are timed again after every
 round and predictions use their medians: a shared machine's speed drifts within minutes, and a
@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=count, default=None,
                    help="timed steps (rounds) per point (20: a median of a few steps swings by "
                         "a tenth on a shared machine)")
+    p.add_argument("--window", type=count, default=None,
+                   help="steps per timed stretch: a cluster runs them as one stream, as "
+                        "training does (Cluster.stream: a worker starts the next step once "
+                        "its part of this one is done), and a step's time is the stretch's "
+                        "over the count; 1 times steps one by one (4)")
     p.add_argument("--warmup", type=non_negative, default=None, help="untimed steps per point (2)")
     p.add_argument("--batch", type=count, default=None, help="mini-batch size (64)")
     p.add_argument("--mode", choices=("processes", "threads"), default="processes",
@@ -124,7 +130,8 @@ def _microbatches(text: str) -> int | str:
 
 def _settle(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     """Fill the defaults that --quick changes and check the numbers."""
-    for key, quick, full in (("steps", 1, 20), ("warmup", 1, 2), ("batch", 8, 64),
+    for key, quick, full in (("steps", 1, 20), ("window", 2, 4), ("warmup", 1, 2),
+                             ("batch", 8, 64),
                              ("microbatches", 2, "auto")):
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
@@ -282,20 +289,21 @@ def time_rounds(base: Cluster, other: Cluster, running: dict[int, Cluster],
                 points: list[dict[str, Any]], feeds: dict[str, np.ndarray],
                 args: argparse.Namespace, bar: Progress,
                 between: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    """`args.steps` rounds, each: a step of the 1-worker `base` alone, a step of `base` and of
-    the independent 1-worker `other` at once (the ceiling), a step of every running point,
-    then `between` (the cost model's kernels timed again). A neighbour's burst so spreads over
-    all points instead of spoiling one."""
+    """`args.steps` rounds, each: `args.window` steps of the 1-worker `base` alone, as many of
+    `base` and of the independent 1-worker `other` at once (the ceiling), as many of every
+    running point, then `between` (the cost model's kernels timed again). A neighbour's burst
+    so spreads over all points instead of spoiling one. Times are per step."""
     alone, both = [], []
+    window = args.window
     with ThreadPoolExecutor(2) as pool:
         for r in range(args.steps):
-            alone.append(_timed(base, feeds))
+            alone.append(_timed(base, feeds, window))
             t0 = time.perf_counter()
-            list(pool.map(lambda c: c.step(feeds), (base, other)))
-            both.append(time.perf_counter() - t0)
+            list(pool.map(lambda c: _timed(c, feeds, window), (base, other)))
+            both.append((time.perf_counter() - t0) / window)
             for i, cluster in list(running.items()):
                 try:
-                    points[i]["times_s"].append(_timed(cluster, feeds))
+                    points[i]["times_s"].append(_timed(cluster, feeds, window))
                 except Exception as e:  # noqa: BLE001 - drop the point, keep the others
                     points[i]["error"] = f"{type(e).__name__}: {e}"
                     del running[i]
@@ -322,10 +330,12 @@ def _cluster(plan: Plan, args: argparse.Namespace, microbatches: int,
     return cluster
 
 
-def _timed(cluster: Cluster, feeds: dict[str, np.ndarray]) -> float:
+def _timed(cluster: Cluster, feeds: dict[str, np.ndarray], window: int) -> float:
+    """Seconds per step of `window` streamed training steps."""
     t0 = time.perf_counter()
-    cluster.step(feeds)
-    return time.perf_counter() - t0
+    for _ in cluster.stream(repeat(feeds, window)):
+        pass
+    return (time.perf_counter() - t0) / window
 
 
 def _table_row(workload: str, pt: dict[str, Any]) -> dict[str, Any]:

@@ -17,16 +17,17 @@ True
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import tomllib
 import uuid
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
@@ -36,6 +37,7 @@ import zmq
 from graphflow.errors import GraphflowError
 from graphflow.partitioners.plan import Plan
 from graphflow.runtime import pipeline
+from graphflow.runtime.cores import BLAS_LIMIT, worker_env
 from graphflow.runtime.service import serve
 from graphflow.runtime.worker import worker_name
 from graphflow.serialize import graph_to_dict
@@ -63,67 +65,6 @@ def load_cluster_file(path: str) -> dict[str, Any]:
     return data
 
 
-BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-# (Numba reads its own at import and refuses a change once its threads run: set it only in
-# the environment of a process about to start)
-THREAD_VARS = (*BLAS_THREAD_VARS, "NUMBA_NUM_THREADS")
-
-
-def core_share(workers: int) -> int:
-    """Threads each of `workers` local workers may use: more threads than cores (BLAS's own
-    pool in every worker) slow them all down."""
-    return max(1, (os.cpu_count() or 1) // workers)
-
-
-def worker_env(workers: int) -> dict[str, str]:
-    """The environment of a local worker process: its share of the cores for BLAS and Numba
-    threads, unless the user set a thread count."""
-    return {**dict.fromkeys(THREAD_VARS, str(core_share(workers))), **os.environ}
-
-
-class _BlasLimit:
-    """Worker threads share this process's BLAS pools: while any cluster of worker threads
-    lives, limit the pools to the smallest share of the cores one asked for (threadpoolctl,
-    where installed; not when the user set a thread count). The last one out restores them."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held: list[int] = []
-        self._original: Any = None
-
-    def acquire(self, workers: int) -> bool:
-        if workers < 2 or any(v in os.environ for v in BLAS_THREAD_VARS):
-            return False
-        try:
-            import scipy.linalg.cython_blas  # noqa: F401 - loads the BLAS np.dot in kernels calls
-            from threadpoolctl import ThreadpoolController
-        except ImportError:
-            return False
-        with self._lock:
-            controller = ThreadpoolController()
-            if not self._held:
-                self._original = controller.info()
-            self._held.append(core_share(workers))
-            controller.limit(limits=min(self._held), user_api="blas")
-        return True
-
-    def release(self, workers: int) -> None:
-        from threadpoolctl import ThreadpoolController
-
-        with self._lock:
-            self._held.remove(core_share(workers))
-            controller = ThreadpoolController()
-            if self._held:
-                controller.limit(limits=min(self._held), user_api="blas")
-                return
-            for lib in self._original or []:
-                controller.select(filepath=lib["filepath"]).limit(limits=lib["num_threads"])
-            self._original = None
-
-
-BLAS_LIMIT = _BlasLimit()
-
-
 def reply_grace(timeout: float) -> float:
     """Seconds the driver waits for a reply beyond the workers' own `timeout`."""
     return max(1.0, 0.2 * timeout)
@@ -132,9 +73,19 @@ def reply_grace(timeout: float) -> float:
 class WorkerFailed(GraphflowError):
     """A worker died, hung or failed a step. `.worker` names it."""
 
-    def __init__(self, message: str, worker: str) -> None:
+    def __init__(self, message: str, worker: str, silent: bool = False) -> None:
         super().__init__(message)
-        self.worker = worker
+        self.worker, self.silent = worker, silent  # silent: it did not answer at all
+
+
+@dataclass
+class _SentStep:
+    """A step whose requests went out: its number, each worker's request id, its trace."""
+
+    number: int
+    requests: dict[int, int]
+    traced: int | None
+    sent: float
 
 
 class Cluster:
@@ -175,8 +126,8 @@ class Cluster:
         self.local_workers = local_workers or plan.parts
         self._blas_limited = mode == "threads" and BLAS_LIMIT.acquire(self.local_workers)
         self._procs: list[subprocess.Popen[bytes]] = []
-        self._pool = ThreadPoolExecutor(max(plan.parts, 1))
         self.step_count = 0
+        self._finished = 0.0  # when the last step's replies were all in
         self.trace_label: str | None = None  # names its workers in a trace of several clusters
         self.clients: list[RpcClient] = []
         try:
@@ -237,27 +188,41 @@ class Cluster:
         self._call_all("connect", {"peers": dict(zip(self.names, data, strict=True))})
 
     # -- calls --------------------------------------------------------------------------------
+    def _failure(self, i: int, method: str, e: PeerTimeout | RemoteError) -> WorkerFailed:
+        if isinstance(e, PeerTimeout):
+            return WorkerFailed(f"{self.names[i]} did not answer '{method}' within "
+                                f"{self.clients[i].timeout:g}s: it died or hangs",
+                                self.names[i], silent=True)
+        return WorkerFailed(f"{self.names[i]} failed '{method}': {e.remote}", self.names[i])
+
     def _call(self, i: int, method: str, args: Mapping[str, Any]) -> Any:
+        return self._gather(method, {i: self._send(i, method, args)})[i]
+
+    def _send(self, i: int, method: str, args: Mapping[str, Any]) -> int:
         try:
-            return self.clients[i].call(method, **args)
+            return self.clients[i].send(method, **args)
         except PeerTimeout as e:
-            raise WorkerFailed(f"{self.names[i]} did not answer '{method}' within "
-                               f"{self.clients[i].timeout:g}s: it died or hangs ({e})",
-                               self.names[i]) from e
-        except RemoteError as e:
-            raise WorkerFailed(f"{self.names[i]} failed '{method}': {e.remote}",
-                               self.names[i]) from e
+            raise self._failure(i, method, e) from e
+
+    def _gather(self, method: str, sent: Mapping[int, int]) -> dict[int, Any]:
+        """The replies to `sent` (worker -> request id), all awaited until one deadline: the
+        workers run side by side, and a dead one is named within the timeout."""
+        deadline = time.monotonic() + max(self.clients[i].timeout for i in sent)
+        results, errors = {}, []
+        for i, rid in sent.items():
+            try:
+                left = max(deadline - time.monotonic(), 0.001)
+                results[i] = self.clients[i].receive(rid, method, left)
+            except (PeerTimeout, RemoteError) as e:
+                errors.append(self._failure(i, method, e))
+        # a silent worker makes its peers time out as well: report the one that did not answer
+        if errors:
+            raise next((e for e in errors if e.silent), errors[0])
+        return results
 
     def _call_each(self, method: str, args: Sequence[Mapping[str, Any]]) -> list[Any]:
-        futures = [self._pool.submit(self._call, i, method, a) for i, a in enumerate(args)]
-        errors = [f.exception() for f in futures]
-        # a silent worker makes its peers time out as well: report the one that did not answer
-        failed = [e for e in errors if isinstance(e, WorkerFailed)]
-        first = next((e for e in failed if "did not answer" in str(e)), None) or next(
-            (e for e in errors if e is not None), None)
-        if first is not None:
-            raise first
-        return [f.result() for f in futures]
+        sent = {i: self._send(i, method, a) for i, a in enumerate(args)}
+        return list(self._gather(method, sent).values())
 
     def _call_all(self, method: str, args: Mapping[str, Any]) -> list[Any]:
         return self._call_each(method, [args] * self.plan.parts)
@@ -274,21 +239,68 @@ class Cluster:
     def run(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str] = (),
             train: bool = False, check_numerics: bool = False) -> dict[str, np.ndarray]:
         """One step of every worker; returns the fetched values by node name."""
+        return self._finish_step(self._send_step(feeds, fetches, train, check_numerics))
+
+    def stream(self, batches: Iterable[Mapping[str, np.ndarray]],
+               fetches: Sequence[str] | None = None,
+               ahead: int = 1) -> Iterator[dict[str, np.ndarray]]:
+        """Training steps over `batches`, yielding each one's fetched values (the loss by
+        default) in order: the same steps, results and parameters as `step` called on each.
+
+        Up to `ahead` later steps wait at the workers while one runs, so each worker starts
+        the next step as soon as its own part of this one is done: a pipeline's fill and
+        drain and the driver's round trip overlap the neighbouring steps, not add to them.
+        Every worker still updates its parameters from step t before it starts step t+1,
+        and a step's tensors are keyed by its number, so nothing goes stale.
+
+            for out in cluster.stream(batches):
+                print(out["loss"])
+        """
+        if ahead < 0:
+            raise ValueError(f"ahead must be >= 0, got {ahead}")
+        if fetches is None:
+            fetches = [self.plan.loss] if self.plan.loss else []
+        sent: deque[_SentStep] = deque()
+        failed = False
+        try:
+            for feeds in batches:
+                sent.append(self._send_step(feeds, fetches, train=True))
+                if len(sent) > ahead:
+                    yield self._finish_step(sent.popleft())
+            while sent:
+                yield self._finish_step(sent.popleft())
+        except GeneratorExit:  # the consumer stopped early: the finally takes what is due
+            raise
+        except BaseException:  # a failed step: the steps after it cannot finish
+            failed = True
+            raise
+        finally:
+            while sent and not failed:
+                self._finish_step(sent.popleft())
+
+    def _send_step(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str],
+                   train: bool, check_numerics: bool = False) -> _SentStep:
         wanted: list[list[str]] = [[] for _ in self.names]
         for name in fetches:
             wanted[self.plan.worker_of(name)].append(name)
-        args = [{"feeds": self.plan.worker_feeds(i, feeds),
-                 "fetches": wanted[i], "step": self.step_count, "train": train,
-                 "check_numerics": check_numerics, "microbatches": self.microbatches,
-                 "schedule": self.schedule} for i in range(self.plan.parts)]
         session = tracing.current()  # a traced run: the workers record, the driver times steps
         traced = session.join(self) if session is not None else None
-        t0 = clock()
-        results = self._call_each("step", args)
-        if session is not None:
-            session.step(self, traced, self.step_count, t0)
+        step = _SentStep(self.step_count, {}, traced, clock())
+        for i in range(self.plan.parts):
+            step.requests[i] = self._send(i, "step", {
+                "feeds": self.plan.worker_feeds(i, feeds), "fetches": wanted[i],
+                "step": step.number, "train": train, "check_numerics": check_numerics,
+                "microbatches": self.microbatches, "schedule": self.schedule})
         self.step_count += 1
-        return {k: v for r in results for k, v in r.items()}
+        return step
+
+    def _finish_step(self, step: _SentStep) -> dict[str, np.ndarray]:
+        t0 = max(step.sent, self._finished)  # (a streamed step waited for the one before)
+        results = self._gather("step", step.requests)
+        self._finished = clock()
+        if (session := tracing.current()) is not None:
+            session.step(self, step.traced, step.number, t0)
+        return {k: v for r in results.values() for k, v in r.items()}
 
     def step(self, feeds: Mapping[str, np.ndarray],
              fetches: Sequence[str] | None = None) -> dict[str, np.ndarray]:
@@ -337,7 +349,6 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        self._pool.shutdown(wait=False)
         if self._blas_limited:
             BLAS_LIMIT.release(self.local_workers)
             self._blas_limited = False

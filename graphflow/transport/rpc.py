@@ -127,7 +127,8 @@ class RpcServer:
 
 
 class RpcClient:
-    """A DEALER socket calling one server; one outstanding call at a time (one thread).
+    """A DEALER socket calling one server, from one thread at a time: `call`, or `send` now
+    and `receive` later.
 
     `peer_name` names the server in errors; `timeout` (s) is the default per call.
     """
@@ -149,20 +150,32 @@ class RpcClient:
 
             result = client.call("run_step", step=3, feeds={"x": batch})
         """
-        wait = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + wait
+        return self.receive(self.send(method, timeout, **args), method, timeout)
+
+    def send(self, method: str, timeout: float | None = None, **args: Any) -> int:
+        """Send a request without waiting for its reply; its id, for `receive`. The server
+        answers its requests in order, so several may be on their way (as `Cluster.stream`
+        sends the next step while one runs)."""
         rid = next(self._ids)
-        late = PeerTimeout(f"no reply from {self.peer} to {method!r} within {wait:g}s",
-                           self.peer, method)
         try:
             self._sock.send_multipart(encode_message({"id": rid, "method": method,
                                                       "args": args}), copy=False)
         except zmq.Again:
-            raise late from None
+            wait = self.timeout if timeout is None else timeout
+            raise PeerTimeout(f"{self.peer} took no request {method!r} within {wait:g}s",
+                              self.peer, method) from None
+        return rid
+
+    def receive(self, rid: int, method: str, timeout: float | None = None) -> Any:
+        """The result of request `rid` (a `send` of `method`), waiting at most `timeout` s;
+        replies to earlier requests still on their way are dropped (their caller gave up)."""
+        wait = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + wait
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self._sock.poll(max(1, int(left * 1000))):
-                raise late
+                raise PeerTimeout(f"no reply from {self.peer} to {method!r} within {wait:g}s",
+                                  self.peer, method)
             reply = decode_message(self._sock.recv_multipart(copy=False))
             if not isinstance(reply, dict) or reply.get("id") != rid:
                 continue  # a late reply to a call that already timed out

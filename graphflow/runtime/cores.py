@@ -1,0 +1,68 @@
+"""Local workers share this machine's cores: each gets its share of BLAS and Numba threads,
+as a process's environment or, for worker threads, a limit on this process's BLAS pools."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# (Numba reads its own at import and refuses a change once its threads run: set it only in
+# the environment of a process about to start)
+THREAD_VARS = (*BLAS_THREAD_VARS, "NUMBA_NUM_THREADS")
+
+
+def core_share(workers: int) -> int:
+    """Threads each of `workers` local workers may use: more threads than cores (BLAS's own
+    pool in every worker) slow them all down."""
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def worker_env(workers: int) -> dict[str, str]:
+    """The environment of a local worker process: its share of the cores for BLAS and Numba
+    threads, unless the user set a thread count."""
+    return {**dict.fromkeys(THREAD_VARS, str(core_share(workers))), **os.environ}
+
+
+class _BlasLimit:
+    """Worker threads share this process's BLAS pools: while any cluster of worker threads
+    lives, limit the pools to the smallest share of the cores one asked for (threadpoolctl,
+    where installed; not when the user set a thread count). The last one out restores them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: list[int] = []
+        self._original: Any = None
+
+    def acquire(self, workers: int) -> bool:
+        if workers < 2 or any(v in os.environ for v in BLAS_THREAD_VARS):
+            return False
+        try:
+            import scipy.linalg.cython_blas  # noqa: F401 - loads the BLAS np.dot in kernels calls
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            return False
+        with self._lock:
+            controller = ThreadpoolController()
+            if not self._held:
+                self._original = controller.info()
+            self._held.append(core_share(workers))
+            controller.limit(limits=min(self._held), user_api="blas")
+        return True
+
+    def release(self, workers: int) -> None:
+        from threadpoolctl import ThreadpoolController
+
+        with self._lock:
+            self._held.remove(core_share(workers))
+            controller = ThreadpoolController()
+            if self._held:
+                controller.limit(limits=min(self._held), user_api="blas")
+                return
+            for lib in self._original or []:
+                controller.select(filepath=lib["filepath"]).limit(limits=lib["num_threads"])
+            self._original = None
+
+
+BLAS_LIMIT = _BlasLimit()
