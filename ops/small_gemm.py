@@ -8,7 +8,7 @@ dense layer on a micro-batch of 16) the packing costs as much as the multiply. H
   and keeps in registers. One core, float32, k = n = 2560: 55 / 91 GFLOP/s at 16 / 64 rows,
   where BLAS runs 32 / 59.
 - `matmul_nn`, out = a @ b (the forward, y = x @ w): 4 rows of `out` by 64 columns stay in
-  16 vector registers (`simd`) while the kernel walks down `b`'s rows, a block of rows at a
+  16 vector registers (`simd`) while the kernel walks down `b`'s rows, a block of `b` at a
   time that stays in L2 while every row block of `a` passes over it. Same shapes: 58 / 90
   GFLOP/s at 16 / 64 rows, where BLAS runs 45 / 82.
 
@@ -28,8 +28,10 @@ MAX_ROWS = 64     # measured crossovers: 64 rows still wins by 1.1-1.5x, 128 tie
 MIN_DEPTH = 256   # shorter dot products leave BLAS ahead (k = 64: 0.8x)
 MIN_COLS = 64     # a few output columns (a 10-way classifier) leave BLAS ahead
 PANEL = 64        # output columns a `matmul_nn` tile holds: 4 vectors of 16 float32
-BLOCK_FLOATS = 1 << 18  # of b per pass of `matmul_nn`: 1 MB, a core's L2 here (of the block
-                        # sizes tried, 64-128 rows of a 2560-wide b, this ran fastest)
+CHUNK_COLS = 1024  # `matmul_nn` works on b in blocks of BLOCK_ROWS x CHUNK_COLS (512 KB) and
+BLOCK_ROWS = 128   # out in chunks of CHUNK_COLS columns (<= 256 KB): both stay in a core's
+                   # 1 MB L2. Whole-width blocks let a wide b's out spill (2560 x 8192 at 64
+                   # rows: 63 GFLOP/s, against 80 in chunks; 2560-wide b alike, 89-90)
 
 
 def wins(m: int, n: int, k: int) -> bool:
@@ -158,14 +160,15 @@ def matmul_nn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
     n = b.shape[1]
     c = n - n % PANEL
     m4 = m - m % 4
-    rows = max(16, min(256, BLOCK_FLOATS // n))
     flat_b, flat_out = b.reshape(-1), out.reshape(-1)
     out[:, :c] = 0
-    for k0 in range(0, k, rows):
-        k1 = min(k, k0 + rows)
-        for j in range(0, c, PANEL):
-            for i in range(0, m4, 4):
-                _nn_rows4(a, flat_b, flat_out, i, j, n, k0, k1)
-            for i in range(m4, m):
-                _nn_row1(a, flat_b, flat_out, i, j, n, k0, k1)
+    for j0 in range(0, c, CHUNK_COLS):
+        j1 = min(c, j0 + CHUNK_COLS)
+        for k0 in range(0, k, BLOCK_ROWS):
+            k1 = min(k, k0 + BLOCK_ROWS)
+            for j in range(j0, j1, PANEL):
+                for i in range(0, m4, 4):
+                    _nn_rows4(a, flat_b, flat_out, i, j, n, k0, k1)
+                for i in range(m4, m):
+                    _nn_row1(a, flat_b, flat_out, i, j, n, k0, k1)
     return c

@@ -7,7 +7,7 @@ import graphflow as gf
 import graphflow.ops.matmul as matmul_mod
 from graphflow.ops.matmul import matmul, matmul_into
 from graphflow.ops.reduce import reduce_sum
-from graphflow.ops.small_gemm import PANEL, matmul_nn, matmul_nt, wins
+from graphflow.ops.small_gemm import BLOCK_ROWS, CHUNK_COLS, PANEL, matmul_nn, matmul_nt, wins
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -39,12 +39,14 @@ def test_nn_matches_float64_reference_and_leaves_the_last_partial_panel(m, n):
     assert np.isnan(out[:, done:]).all()  # untouched: matmul_into's BLAS call does these
 
 
-def test_nn_blocks_of_b_rows_add_up():
-    # 5000 rows of b pass in blocks (BLOCK_FLOATS // 64 = 4096 rows, then the rest)
+def test_nn_blocks_of_b_add_up():
+    # b passes in blocks of BLOCK_ROWS rows by CHUNK_COLS columns: here 2 whole row blocks and
+    # a partial one, 2 whole column chunks and one of a single panel, and 6 rows of a (4 + 2)
+    rows, cols = 2 * BLOCK_ROWS + 44, 2 * CHUNK_COLS + PANEL
     rng = np.random.default_rng(3)
-    a, b = rng.standard_normal((4, 5000)), rng.standard_normal((5000, 64))
-    out = np.empty((4, 64), np.float32)
-    matmul_nn(a.astype(np.float32), b.astype(np.float32), out)
+    a, b = rng.standard_normal((6, rows)), rng.standard_normal((rows, cols))
+    out = np.empty((6, cols), np.float32)
+    assert matmul_nn(a.astype(np.float32), b.astype(np.float32), out) == cols
     want = a @ b
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 

@@ -7,9 +7,10 @@ network, and the machine's ceiling: the throughput of two independent 1-worker p
 over one alone (the best a 2-worker speedup can be here and now).
 
 Every cluster of a workload is started first, then timed in rounds (a few steps of each per
-round, streamed as training runs them: `Cluster.stream`), so a busy neighbour slows all alike; speedup = median 1-worker step / median step, and "paired"
-is the median over rounds of the round's 1-worker step over the point's step (steadier when the
-machine's speed drifts between rounds). The cost model's kernels are timed again after every
+round, streamed as training runs them: `Cluster.stream`), so a busy neighbour slows all alike;
+speedup = median 1-worker step / median step, and "paired" is the median over rounds of the
+round's 1-worker step over the point's step (steadier when the machine's speed drifts between
+rounds). The cost model's kernels are timed again after every
 round and predictions use their medians: a shared machine's speed drifts within minutes, and a
 calibration made once, before the rounds, missed by 30-40% when it did. A pipelined prediction
 runs the schedule through `graphflow.runtime.pipeline.simulate` with the cost model's per-stage
