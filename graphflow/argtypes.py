@@ -29,6 +29,15 @@ count = at_least(1)
 non_negative = at_least(0)
 
 
+def microbatch_count(text: str) -> int | str:
+    """An argparse type: a micro-batch count >= 1, or "auto" (the best predicted).
+
+        >>> microbatch_count("auto"), microbatch_count("4")
+        ('auto', 4)
+    """
+    return text if text == "auto" else count(text)
+
+
 def csv_counts(text: str) -> list[int]:
     """An argparse type: comma-separated worker counts >= 1, sorted, always including 1."""
     try:

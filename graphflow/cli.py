@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from math import prod
 
-from graphflow.argtypes import count, non_negative
+from graphflow.argtypes import count, microbatch_count, non_negative
 from graphflow.errors import GraphflowError
 from graphflow.runtime.heap import keep_freed_memory
 
@@ -79,8 +79,9 @@ def _parser() -> argparse.ArgumentParser:
                         "workers = [\"tcp://HOST:PORT\", ...]; with --replicas R it lists "
                         "R x parts workers and ps_host = \"ADDRESS\" of this machine, where "
                         "the shards listen")
-    m.add_argument("--microbatches", type=count, default=1,
-                   help="pipeline each batch in this many micro-batches (layerwise plans)")
+    m.add_argument("--microbatches", type=microbatch_count, default=1,
+                   help="pipeline each batch in this many micro-batches (layerwise plans), "
+                        "or auto: the count of 2, 4, 8 with the shortest predicted step")
     m.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"])
     d = t.add_argument_group("data parallelism (parameter server)")
     d.add_argument("--replicas", type=count, default=1,
@@ -200,7 +201,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         hosts = read_cluster_file(args.cluster) if args.cluster else None
         trainer = PartitionedTrainer(
             model, optimizer, len(hosts) if hosts else args.parts, args.strategy, args.mode,
-            hosts, args.microbatches, args.schedule)
+            hosts, args.microbatches, args.schedule, batch=batch)
+        if args.microbatches == "auto":
+            print(f"micro-batches: {trainer.microbatches} (auto)", file=sys.stderr)
     else:
         trainer = Trainer(model, optimizer, check_numerics=args.check_numerics)
     start = time.perf_counter()

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from graphflow.bench import speedup
-from graphflow.bench.prediction import TIE, best_microbatches, microbatch_rate, weight_phase
 from graphflow.models import digits_lc, speech_mlp
 from graphflow.partitioners import partition
+from graphflow.prediction import TIE, best_microbatches, microbatch_rate, weight_phase
 
 
 @pytest.fixture(autouse=True)
@@ -96,6 +96,8 @@ def test_auto_picks_the_fewest_micro_batches_predicted_within_a_tie_of_the_best(
     assert all(predicted[c] > best * (1 + TIE) for c in predicted if c < chosen)
     assert best_microbatches(plan, 6, repeats=1)[1].keys() == {2}
     assert best_microbatches(plan, 5, repeats=1) == (1, {})
+    spatial = partition(m.graph, 2, "spatial", loss=m.loss)  # halos flow both ways
+    assert best_microbatches(spatial, 8, repeats=1) == (1, {})
 
 
 def test_quick_run_with_auto_micro_batches_says_which_it_chose(tmp_path, capsys):

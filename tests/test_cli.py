@@ -68,6 +68,20 @@ def test_partitioned_training_and_plan_report():
     assert r.returncode == 1 and "No such file" in r.stderr
 
 
+def test_train_chooses_the_micro_batch_count(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(tmp_path / "costmodel.json"))  # not the user's
+    r = run("train", "digits-lc", "--parts", "2", "--strategy", "layerwise", "--microbatches",
+            "auto", "--steps", "4", "--batch", "32", "--json", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"micro-batches: [248] \(auto\)", r.stderr), r.stderr
+    assert json.loads(r.stdout)["final_loss"] > 0
+    r = run("train", "digits-lc", "--parts", "2", "--strategy", "spatial", "--microbatches",
+            "auto", "--steps", "1", "--batch", "32", "--json", "--no-progress")
+    assert r.returncode == 0 and "micro-batches: 1 (auto)" in r.stderr, r.stderr  # no pipeline
+    r = run("train", "--microbatches", "some")
+    assert r.returncode == 2 and "'some' is not an integer" in r.stderr
+
+
 def test_data_parallel_training_and_the_ps_command():
     r = run("train", "digits-lc", "--replicas", "2", "--sync", "downpour", "--steps", "60",
             "--json", "--no-progress")

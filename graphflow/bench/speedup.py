@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from graphflow.argtypes import count, csv_counts, non_negative
+from graphflow.argtypes import count, csv_counts, microbatch_count, non_negative
 from graphflow.bench import (
     add_trace_option,
     csv_choices,
@@ -42,19 +42,19 @@ from graphflow.bench import (
     machine_info,
     single_threaded,
 )
-from graphflow.bench.prediction import (
-    best_microbatches,
-    microbatch_rate,
-    predict,
-    predict_curve,
-    workers_used,
-)
 from graphflow.bench.speedup_plot import plot
 from graphflow.costmodel import CostModel, kernels
 from graphflow.ir import Node
 from graphflow.models import WORKLOADS as BUILDERS
 from graphflow.models import Model
 from graphflow.partitioners import STRATEGIES, Plan, partition
+from graphflow.prediction import (
+    best_microbatches,
+    microbatch_rate,
+    predict,
+    predict_curve,
+    workers_used,
+)
 from graphflow.progress import Progress
 from graphflow.runtime.cluster import Cluster
 from graphflow.timing import time_nodes
@@ -105,7 +105,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=count, default=None, help="mini-batch size (64)")
     p.add_argument("--mode", choices=("processes", "threads"), default="processes",
                    help="one process per worker (default) or one thread per worker")
-    p.add_argument("--microbatches", type=_microbatches, default=None,
+    p.add_argument("--microbatches", type=microbatch_count, default=None,
                    help="micro-batches of the pipelined layerwise rows: a count (1: no "
                         "pipelined rows) or auto, the count of 2, 4, 8 with the shortest "
                         "predicted step (auto)")
@@ -123,10 +123,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="tiny settings (batch 8, 1 step, predictions to 4 machines): for tests")
     return p
-
-
-def _microbatches(text: str) -> int | str:
-    return text if text == "auto" else count(text)
 
 
 def _settle(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:

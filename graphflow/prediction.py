@@ -1,6 +1,7 @@
-"""The cost model's predictions of `graphflow bench speedup`: a plan's step on this machine
-(the driver's shipping of the inputs, pipelining, and workers that compute at once included),
-and the curve over 1 to 64 machines on a 10 Gbit/s network."""
+"""The cost model's predictions of a plan's training step on this machine (the driver's
+shipping of the inputs, pipelining, and workers that compute at once included), the
+micro-batch count a pipelined plan runs fastest with, and the curve over 1 to 64 machines on a
+10 Gbit/s network (`graphflow bench speedup`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from graphflow.costmodel import SOURCE_OPS, CostModel, Link
 from graphflow.ir import users_of
 from graphflow.models import Model
 from graphflow.partitioners import Plan, partition
-from graphflow.runtime.pipeline import deferred_weight_nodes, is_backward, simulate
+from graphflow.runtime.pipeline import check_linear, deferred_weight_nodes, is_backward, simulate
 
 
 def workers_used(plan: Plan) -> int:
@@ -71,9 +72,14 @@ def best_microbatches(plan: Plan, batch: int, repeats: int,
     """The micro-batch count of a pipelined `plan` with the shortest predicted step, of the
     `MICROBATCH_CHOICES` that divide `batch` (kernels timed at each size first), and every
     count's prediction. Small micro-batches shorten the pipeline's fill and drain but run
-    slower kernels; which wins depends on the model, the batch and the machine."""
+    slower kernels; which wins depends on the model, the batch and the machine. A plan that
+    cannot pipeline (one part, or tensors that do not flow stage to stage) gets 1."""
     options = [m for m in MICROBATCH_CHOICES if batch % m == 0]
-    if not options:
+    try:
+        check_linear([(t.key, t.src, t.dst) for t in plan.transfers])
+    except ValueError:
+        options = []
+    if not options or plan.parts == 1:
         return 1, {}
     for b in sorted({batch, *(batch // m for m in options)}):
         CostModel.calibrate(plan.graph, b, repeats)
