@@ -34,20 +34,29 @@ Grads = Sequence[Node | None]
 
 # -- kernels (2-D, one row per example) --------------------------------------------------------
 
-@njit(cache=True, nogil=True, inline="always")
+# In the logits' own dtype, sums reassociated: LLVM vectorises the max and the sums, and the exp
+# runs in float32 for float32 logits (32 x 8192 logits: loss 1.3 -> 0.8 ms, its gradient 1.4 ->
+# 0.8). NaN and inf keep their meaning.
+_FAST = {"reassoc", "contract", "nsz"}
+
+
+@njit(cache=True, nogil=True, inline="always", fastmath=_FAST)
 def _row_max(x: np.ndarray, i: int) -> float:
-    m = -np.inf
-    for j in range(x.shape[1]):
+    """max(x[i]) in x's dtype (a row has at least one column: the callers check)."""
+    m = x[i, 0]
+    for j in range(1, x.shape[1]):
         m = max(m, x[i, j])
     return m
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_FAST)
 def _softmax_kernel(x: np.ndarray, out: np.ndarray, log: bool, scale: float = 1.0) -> None:
     """out = log_softmax(x), or scale * softmax(x), row by row (shifted by the row max)."""
+    if x.shape[1] == 0:
+        return
     for i in range(x.shape[0]):
         m = _row_max(x, i)
-        s = 0.0
+        s = m * 0  # (a zero of x's dtype: a row with a non-finite max is NaN whatever s is)
         for j in range(x.shape[1]):
             e = np.exp(x[i, j] - m)
             out[i, j] = e  # exp once per element: it dominates the time
@@ -78,20 +87,20 @@ def _softmax_grad_kernel(y: np.ndarray, dy: np.ndarray, dx: np.ndarray, log: boo
                 dx[i, j] = y[i, j] * (dy[i, j] - s)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_FAST)
 def _xent_kernel(logits: np.ndarray, labels: np.ndarray) -> float:
     """Sum over rows of logsumexp(logits[i]) - logits[i, labels[i]]."""
     total = 0.0
     for i in range(logits.shape[0]):
         m = _row_max(logits, i)
-        s = 0.0
+        s = m * 0
         for j in range(logits.shape[1]):
             s += np.exp(logits[i, j] - m)
         total += m + np.log(s) - logits[i, labels[i]]
     return total
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_FAST)
 def _xent_grad_kernel(logits: np.ndarray, labels: np.ndarray, scale: float,
                       dx: np.ndarray) -> None:
     """dx = (softmax(logits) - onehot(labels)) * scale."""
