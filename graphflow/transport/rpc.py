@@ -150,20 +150,20 @@ class RpcClient:
 
             result = client.call("run_step", step=3, feeds={"x": batch})
         """
-        return self.receive(self.send(method, timeout, **args), method, timeout)
+        return self.receive(self.send(method, **args), method, timeout)
 
-    def send(self, method: str, timeout: float | None = None, **args: Any) -> int:
+    def send(self, method: str, **args: Any) -> int:
         """Send a request without waiting for its reply; its id, for `receive`. The server
         answers its requests in order, so several may be on their way (as `Cluster.stream`
-        sends the next step while one runs)."""
+        sends the next step while one runs). PeerTimeout if the server takes no request
+        within the client's `timeout`."""
         rid = next(self._ids)
         try:
             self._sock.send_multipart(encode_message({"id": rid, "method": method,
                                                       "args": args}), copy=False)
         except zmq.Again:
-            wait = self.timeout if timeout is None else timeout
-            raise PeerTimeout(f"{self.peer} took no request {method!r} within {wait:g}s",
-                              self.peer, method) from None
+            raise PeerTimeout(f"{self.peer} took no request {method!r} within "
+                              f"{self.timeout:g}s", self.peer, method) from None
         return rid
 
     def receive(self, rid: int, method: str, timeout: float | None = None) -> Any:

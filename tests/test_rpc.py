@@ -1,0 +1,107 @@
+"""The control plane (transport/rpc.py): calls, requests sent ahead, handler errors, hostile
+frames, late replies and a SIGKILLed server. Every loop is bounded."""
+
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from graphflow.transport import PeerTimeout, RemoteError, RpcClient, RpcServer, decode_message
+
+SLACK = 1.0  # seconds allowed beyond a timeout
+
+HANDLERS = {
+    "add": lambda a, b: a + b,
+    "scale": lambda x, by: x * by,
+    "fail": lambda: 1 / 0,
+    "echo": lambda value, delay=0.0: (time.sleep(delay), value)[1],
+}
+
+
+@pytest.fixture
+def server():
+    stop = threading.Event()
+    with RpcServer("tcp://127.0.0.1:*") as srv:
+        t = threading.Thread(target=srv.serve_forever, args=(HANDLERS, stop), daemon=True)
+        t.start()
+        yield srv
+        stop.set()
+        t.join(5.0)
+
+
+def test_rpc_call_returns_results(server):
+    with RpcClient(server.address, "w0", timeout=5.0) as c:
+        assert c.call("add", a=2, b=3) == 5
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        np.testing.assert_array_equal(c.call("scale", x=x, by=2), x * 2)
+
+
+def test_rpc_remote_exception_is_remote_error(server):
+    with RpcClient(server.address, "w0", timeout=5.0) as c:
+        with pytest.raises(RemoteError, match="w0: 'fail' failed: ZeroDivisionError: division"):
+            c.call("fail")
+        with pytest.raises(RemoteError, match="LookupError: no method 'nope'"):
+            c.call("nope")
+        assert c.call("add", a=1, b=1) == 2, "the server survives handler errors"
+
+
+def test_rpc_server_survives_hostile_requests(server):
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.linger, raw.rcvtimeo = 0, 5000
+    raw.connect(server.address)
+    for frames in ([b"\xc1"], [msgpack.packb([1, 2])], [msgpack.packb({"method": 3})]):
+        raw.send_multipart(frames)
+        reply = decode_message(raw.recv_multipart())
+        assert reply["ok"] is False and "FrameError" in reply["error"]
+    raw.close()
+    with RpcClient(server.address, "w0", timeout=5.0) as c:
+        assert c.call("add", a=1, b=2) == 3
+
+
+def test_rpc_requests_sent_ahead_are_answered_in_order(server):
+    with RpcClient(server.address, "w0", timeout=5.0) as c:
+        ids = [c.send("echo", value=i, delay=0.05) for i in range(3)]
+        assert [c.receive(rid, "echo") for rid in ids] == [0, 1, 2]
+        first, second = c.send("echo", value="dropped"), c.send("add", a=1, b=2)
+        assert c.receive(second, "add") == 3, "an earlier reply nobody asked for is skipped"
+        assert first < second
+
+
+def test_rpc_late_reply_is_discarded(server):
+    with RpcClient(server.address, "w0", timeout=0.2) as c:
+        with pytest.raises(PeerTimeout, match="no reply from w0 to 'echo' within 0.2s"):
+            c.call("echo", value="stale", delay=0.6)
+        assert c.call("echo", value="fresh", timeout=5.0) == "fresh"
+
+
+SERVER = """
+from graphflow.transport import RpcServer
+server = RpcServer("tcp://127.0.0.1:*")
+print(server.address, flush=True)
+server.serve_forever({"ping": lambda: "pong"})
+"""
+
+
+def test_rpc_killed_server_raises_peer_timeout():
+    proc = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert select.select([proc.stdout], [], [], 30.0)[0], "server did not start"
+        address = proc.stdout.readline().strip()
+        with RpcClient(address, "worker-3", timeout=0.5) as c:
+            assert c.call("ping", timeout=10.0) == "pong"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(5.0)
+            t0 = time.monotonic()
+            with pytest.raises(PeerTimeout, match="no reply from worker-3 to 'ping'"):
+                c.call("ping")
+            assert time.monotonic() - t0 < 0.5 + SLACK
+    finally:
+        proc.kill()
+        proc.wait(5.0)
