@@ -75,11 +75,11 @@ def best_microbatches(plan: Plan, batch: int, repeats: int,
     slower kernels; which wins depends on the model, the batch and the machine. A plan that
     cannot pipeline (one part, or tensors that do not flow stage to stage) gets 1."""
     options = [m for m in MICROBATCH_CHOICES if batch % m == 0]
+    if not options or plan.parts == 1:
+        return 1, {}
     try:
         check_linear([(t.key, t.src, t.dst) for t in plan.transfers])
     except ValueError:
-        options = []
-    if not options or plan.parts == 1:
         return 1, {}
     for b in sorted({batch, *(batch // m for m in options)}):
         CostModel.calibrate(plan.graph, b, repeats)

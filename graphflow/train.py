@@ -71,12 +71,16 @@ class Trainer:
     def _fit(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], steps: int,
              progress: bool, log_every: int) -> History:
         history = History()
+        loss = None
         with Progress(steps, "train", enabled=progress) as bar:
-            for i, loss in enumerate(self._losses(islice(batches, steps))):
-                if self.step_count % log_every == 0 or i == steps - 1:
+            for loss in self._losses(islice(batches, steps)):
+                if self.step_count % log_every == 0:
                     history.steps.append(self.step_count)
                     history.losses.append(loss)
                 bar.update(loss=loss)
+        if loss is not None and history.steps[-1:] != [self.step_count]:  # the last step, even
+            history.steps.append(self.step_count)  # when the batches ran out before `steps`
+            history.losses.append(loss)
         return history
 
     def _losses(self, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterator[float]:

@@ -163,3 +163,17 @@ def test_partitioned_trainer_streams_the_same_training_as_one_process():
     for name, value in one.session.params.items():
         np.testing.assert_allclose(params[name], value, rtol=0,
                                    atol=1e-5 * float(np.abs(value).max()), err_msg=name)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one process", "two workers"])
+def test_fit_logs_the_last_step_when_the_batches_run_out(split):
+    pairs = [(b["x"], b["y"]) for b in batches(2)]
+    model, sgd = gf.models.digits_lc(batch=None), gf.optim.SGD(0.05)
+    trainer = (gf.train.PartitionedTrainer(model, sgd, parts=2) if split
+               else gf.Trainer(model, sgd))
+    try:
+        history = trainer.fit(iter(pairs), steps=5, progress=False, log_every=10)
+    finally:
+        if split:
+            trainer.close()
+    assert trainer.step_count == 2 and history.steps == [2] and len(history.losses) == 1

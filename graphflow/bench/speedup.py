@@ -10,9 +10,9 @@ Every cluster of a workload is started first, then timed in rounds (a few steps 
 round, streamed as training runs them: `Cluster.stream`), so a busy neighbour slows all alike;
 speedup = median 1-worker step / median step, and "paired" is the median over rounds of the
 round's 1-worker step over the point's step (steadier when the machine's speed drifts between
-rounds). The cost model's kernels are timed again after every
-round and predictions use their medians: a shared machine's speed drifts within minutes, and a
-calibration made once, before the rounds, missed by 30-40% when it did. A pipelined prediction
+rounds). The cost model's kernels are timed again after every round and predictions use their
+medians: a shared machine's speed drifts within minutes, and a calibration made once, before
+the rounds, missed by 30-40% when it did. A pipelined prediction
 runs the schedule through `graphflow.runtime.pipeline.simulate` with the cost model's per-stage
 forward, backward and weight-gradient times; by default it also picks the pipelined row's
 micro-batch count (2, 4 or 8), the one with the shortest predicted step.
@@ -128,8 +128,7 @@ def parser() -> argparse.ArgumentParser:
 def _settle(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     """Fill the defaults that --quick changes and check the numbers."""
     for key, quick, full in (("steps", 1, 20), ("window", 2, 4), ("warmup", 1, 2),
-                             ("batch", 8, 64),
-                             ("microbatches", 2, "auto")):
+                             ("batch", 8, 64), ("microbatches", 2, "auto")):
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
     args.machines = MACHINES[:3] if args.quick else MACHINES

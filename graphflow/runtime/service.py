@@ -217,7 +217,8 @@ class WorkerService:
 
     def answered(self) -> None:
         """A request was answered: its reply is on the way (called by `serve`). After a step,
-        a process that owns its collector collects here, while the driver gathers replies."""
+        a process that owns its collector collects here, between steps: while the driver
+        gathers replies, or, with streamed steps (the next one already queued), just before it."""
         now = clock()
         if self._replying is not None and (tr := self.trace) is not None:
             tr.add(EXECUTOR, "rpc", "step reply", self._replying, now)
