@@ -157,6 +157,19 @@ def run_kernel(node: Node, inputs: list[np.ndarray], check_numerics: bool = Fals
     return out
 
 
+def accumulate_kernel(node: Node, inputs: list[np.ndarray], out: np.ndarray,
+                      check_numerics: bool = False) -> np.ndarray:
+    """out += `node`'s value, through its op's `accumulate` (no temporary); returns out."""
+    accumulate = REGISTRY[node.op].accumulate
+    if accumulate is None:
+        raise TypeError(f"op '{node.op}' of '{node.name}' cannot accumulate into an array")
+    accumulate(inputs, node.attrs, out)
+    if check_numerics and not np.isfinite(out).all():
+        raise NonFiniteError(located(node, f"accumulated into {int(np.isnan(out).sum())} NaN "
+                                           f"and {int(np.isinf(out).sum())} inf values"))
+    return out
+
+
 def _names(nodes: list[Node]) -> str:
     return ", ".join(f"'{n.name}'" for n in nodes[:4]) + (" ..." if len(nodes) > 4 else "")
 

@@ -24,23 +24,27 @@ Grads = Sequence[Node | None]
 
 @njit(cache=True, nogil=True)
 def matmul_kernel(a: np.ndarray, lda: int, b: np.ndarray, ldb: int, out: np.ndarray, ldc: int,
-                  m: int, n: int, k: int, ta: bool, tb: bool) -> None:
-    """Flat row-major out (m, n; row stride ldc) = op(a) @ op(b)."""
-    zero = np.zeros(1, out.dtype)
-    gemm(TR if ta else NT, TR if tb else NT, m, n, k, a, lda, b, ldb, zero, out, ldc)
+                  m: int, n: int, k: int, ta: bool, tb: bool, beta: float = 0.0) -> None:
+    """Flat row-major out (m, n; row stride ldc) = op(a) @ op(b) + beta * out."""
+    gemm(TR if ta else NT, TR if tb else NT, m, n, k, a, lda, b, ldb,
+         np.full(1, beta, out.dtype), out, ldc)
 
 
 def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool = False,
-                transpose_b: bool = False) -> np.ndarray:
-    """out[...] = op(a) @ op(b) for C-contiguous 2-D a, b, out of one float dtype."""
+                transpose_b: bool = False, accumulate: bool = False) -> np.ndarray:
+    """out[...] = op(a) @ op(b), or with `accumulate` out += op(a) @ op(b), for C-contiguous
+    2-D a, b, out of one float dtype."""
     m, n = out.shape
     k = a.shape[0] if transpose_a else a.shape[1]
-    if out.size == 0:
+    if out.size == 0 or (k == 0 and accumulate):
         return out
     if k == 0:
         out.fill(0)
         return out
     done = 0  # leading columns of out already computed
+    if accumulate and not transpose_a and wins(m, n, k):  # (small_gemm overwrites its out)
+        out += matmul_into(a, b, np.empty_like(out), transpose_a, transpose_b)
+        return out
     if not transpose_a and wins(m, n, k):
         if transpose_b:
             matmul_nt(a, b, out, out.dtype.type(0))
@@ -49,7 +53,8 @@ def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool
             done = matmul_nn(a, b, out)
     if done < n:  # the rest, or the last columns short of a whole panel, with BLAS
         matmul_kernel(a.reshape(-1), a.shape[1], b.reshape(-1)[done:], b.shape[1],
-                      out.reshape(-1)[done:], n, m, n - done, k, transpose_a, transpose_b)
+                      out.reshape(-1)[done:], n, m, n - done, k, transpose_a, transpose_b,
+                      1.0 if accumulate else 0.0)
     return out
 
 
@@ -79,6 +84,11 @@ def _forward(ins: Sequence[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     return matmul_into(a, b, np.empty((m, n), a.dtype), ta, tb)
 
 
+def _accumulate(ins: Sequence[np.ndarray], attrs: dict[str, Any], out: np.ndarray) -> None:
+    matmul_into(ins[0], ins[1], out, bool(attrs.get("transpose_a", False)),
+                bool(attrs.get("transpose_b", False)), accumulate=True)
+
+
 def _cost(ins: Sequence[tuple[int, ...]], out: tuple[int, ...], attrs: dict[str, Any],
           itemsize: int) -> Cost:
     k = ins[0][0] if attrs.get("transpose_a", False) else ins[0][1]
@@ -101,7 +111,7 @@ def _grad(node: Node, dy: Node, wants: tuple[bool, ...]) -> Grads:
 
 
 register("matmul", _infer, _forward, _grad, _cost,
-         doc="op(a) @ op(b) for 2-D a, b (attrs transpose_a, transpose_b)")
+         doc="op(a) @ op(b) for 2-D a, b (attrs transpose_a, transpose_b)", accumulate=_accumulate)
 
 
 # -- the DSL's functions -----------------------------------------------------------------------

@@ -37,6 +37,7 @@ Infer = Callable[[Sequence[Spec], dict[str, Any]], Spec]
 Forward = Callable[[Sequence[np.ndarray], dict[str, Any]], np.ndarray]
 Grad = Callable[[Node, Node, tuple[bool, ...]], Sequence[Node | None]]
 CostFn = Callable[[Sequence[tuple[int, ...]], tuple[int, ...], dict[str, Any], int], Cost]
+Accumulate = Callable[[Sequence[np.ndarray], dict[str, Any], np.ndarray], None]
 
 FLOAT_DTYPES = ("float32", "float64")
 INT_DTYPES = ("int32", "int64")
@@ -52,7 +53,9 @@ def elementwise_cost(flops_per_element: float = 1.0) -> CostFn:
 
 @dataclass(frozen=True)
 class OpDef:
-    """One row of the op table. `forward` is None for source ops the executor fills itself."""
+    """One row of the op table. `forward` is None for source ops the executor fills itself.
+    `accumulate`, where an op has one, does out += forward(ins) without a temporary (a gemm
+    with beta = 1): a gradient summed over micro-batches skips a pass over its memory."""
 
     name: str
     infer: Infer
@@ -60,6 +63,7 @@ class OpDef:
     grad: Grad | None
     cost: CostFn
     doc: str = ""
+    accumulate: Accumulate | None = None
 
     def infer_node(self, node: Node) -> tuple[Shape, str]:
         """Run the shape rule on a node's inputs; errors name the node and its source line."""
@@ -77,10 +81,11 @@ REGISTRY: dict[str, OpDef] = {}
 
 
 def register(name: str, infer: Infer, forward: Forward | None, grad: Grad | None = None,
-             cost: CostFn | None = None, doc: str = "") -> OpDef:
+             cost: CostFn | None = None, doc: str = "",
+             accumulate: Accumulate | None = None) -> OpDef:
     if name in REGISTRY:
         raise GraphflowError(f"op '{name}' is registered twice")
-    op = OpDef(name, infer, forward, grad, cost or elementwise_cost(), doc)
+    op = OpDef(name, infer, forward, grad, cost or elementwise_cost(), doc, accumulate)
     REGISTRY[name] = op
     return op
 

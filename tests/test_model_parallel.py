@@ -149,12 +149,23 @@ def test_each_tensor_crosses_once_per_destination_at_run_time():
     assert sum(s["bytes_sent"] for s in stats) == sum(t.nbytes(2) for t in plan.transfers)
 
 
-def test_first_stage_fills_its_cooldown_waits_with_weight_gradients(tmp_path):
+def test_first_stage_fills_its_cooldown_waits_with_weight_gradients(tmp_path, monkeypatch):
     """A light first stage before a heavy second one: while it waits for a late micro-batch's
     gradient, the first stage already runs the weight-gradient (W) work of the micro-batches
-    done so far, in more than one W run, and the gradients still equal one process's."""
+    done so far, in more than one W run; a later run's weight gemm adds into the gradient's
+    sum in place; the gradients still equal one process's."""
+    from graphflow.runtime import worker
     from graphflow.trace import read, recording
     from graphflow.trace.chrome import events
+
+    accumulated = []
+
+    def spy(node, inputs, out, check_numerics=False):
+        accumulated.append(node.name)
+        return accumulate_kernel(node, inputs, out, check_numerics)
+
+    accumulate_kernel = worker.accumulate_kernel
+    monkeypatch.setattr(worker, "accumulate_kernel", spy)
 
     with gf.Graph() as g:
         x = gf.placeholder("x", (None, 16))
@@ -175,6 +186,7 @@ def test_first_stage_fills_its_cooldown_waits_with_weight_gradients(tmp_path):
     spans = [e.name for e in events(read(tmp_path / "step.json"))
              if e.process == "worker 0" and e.thread == "executor"]
     assert spans.count("grad/fc1/matmul/matmul") >= 2, spans  # one W run at the end before
+    assert "grad/fc1/matmul/matmul" in accumulated
 
     grads = gf.gradients(loss, g.parameters())
     values = gf.Session(g).run([loss, *grads.values()], {x: feeds["x"], y: feeds["y"]})

@@ -132,3 +132,20 @@ def test_a_dense_layers_input_gradient_through_it_matches_finite_differences():
         down[idx] -= eps
         numeric[idx] = (sess.run(loss, {x: up}) - sess.run(loss, {x: down})) / (2 * eps)
     np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("m,k,n", [(8, 300, 128), (200, 40, 70), (3, 0, 5)])
+def test_matmul_into_accumulates_on_every_path(ta, tb, m, k, n):
+    """out += op(a) @ op(b): BLAS with beta = 1, and the few-rows kernels (which overwrite
+    their out) through a temporary; an empty inner dimension adds nothing."""
+    rng = np.random.default_rng(m + k + n)
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    start = rng.standard_normal((m, n)).astype(np.float32)
+    out = start.copy()
+    assert matmul_into(a, b, out, ta, tb, accumulate=True) is out
+    op = lambda x, t: x.T if t else x  # noqa: E731
+    want = start + op(a, ta).astype(np.float64) @ op(b, tb).astype(np.float64)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)

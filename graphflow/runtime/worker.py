@@ -12,15 +12,16 @@ import heapq
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from graphflow.errors import located
-from graphflow.executor import checked_value, run_kernel
+from graphflow.executor import accumulate_kernel, checked_value, run_kernel
 from graphflow.init import initial_value
 from graphflow.ir import Graph, Node, users_of
+from graphflow.ops.registry import REGISTRY
 from graphflow.optim import OPTIMIZERS, Optimizer
 from graphflow.runtime import pipeline
 from graphflow.runtime.mailbox import Mailbox, StepFailed, worker_name
@@ -32,10 +33,12 @@ UNTRACED = frozenset({"parameter", "constant"})  # no work to show
 
 @dataclass
 class _Run:
-    """One micro-batch's values and, per value, how many of its users have yet to run."""
+    """One micro-batch's values and, per value, how many of its users have yet to run;
+    `into`: nodes whose value is added in place to an array (a gradient's running sum)."""
 
     values: dict[Node, np.ndarray]
     pending_users: dict[Node, int]
+    into: dict[Node, np.ndarray] = field(default_factory=dict)
 
 
 def _split_batch(name: str, value: np.ndarray, parts: int) -> list[np.ndarray]:
@@ -45,6 +48,11 @@ def _split_batch(name: str, value: np.ndarray, parts: int) -> list[np.ndarray]:
         raise ValueError(f"feed '{name}' of shape {value.shape}: its batch does not split into "
                          f"{parts} equal micro-batches")
     return np.split(value, parts)
+
+
+def _owned(a: np.ndarray) -> bool:
+    """Whether `a` may be written in place (received arrays and views may not)."""
+    return bool(a.flags.owndata and a.flags.writeable)
 
 
 def _combine(name: str, values: list[np.ndarray]) -> np.ndarray:
@@ -189,7 +197,12 @@ class Worker:
             parts = [vs[i] for vs in pending]
             values[x] = parts[0] if axis is None else np.concatenate(parts, axis=axis)
         pending.clear()
-        run = _Run(values, {n: len(self.users[n]) for n in self.order})
+        # a gradient already summed from earlier micro-batches: its gemm adds straight into
+        # the sum (beta = 1) instead of writing a new array that is then added (26 MB a
+        # layer of speech-mlp, a pass on the first stage's critical path)
+        into = {n: sums[n.name] for n in self.phases["W"]
+                if n.name in sums and _owned(sums[n.name]) and REGISTRY[n.op].accumulate}
+        run = _Run(values, {n: len(self.users[n]) for n in self.order}, into)
         self._dataflow(self.phases["W"], run, {}, keep, tag, check_numerics)
         self._collect(run, keep, got, sums, copy=False)
 
@@ -203,7 +216,9 @@ class Worker:
             value = run.values[node]
             if name not in self.grad_nodes:
                 got[name].append(value)
-            elif name in sums and sums[name].flags.owndata and sums[name].flags.writeable:
+            elif value is sums.get(name):
+                continue  # accumulated in place (run.into)
+            elif name in sums and _owned(sums[name]):
                 np.add(sums[name], value, out=sums[name])
             elif name in sums:  # a view or a received array: never written in place
                 sums[name] = sums[name] + value
@@ -263,17 +278,17 @@ class Worker:
             if ready or urgent:
                 n = heapq.heappop(urgent)[2] if urgent else ready.popleft()
                 if tr is None or n.op in UNTRACED:
-                    finish(n, self._compute(n, values, feeds, tag, check_numerics))
+                    finish(n, self._compute(n, run, feeds, tag, check_numerics))
                 else:
                     t0, cpu0 = clock(), time.thread_time()
-                    value = self._compute(n, values, feeds, tag, check_numerics)
+                    value = self._compute(n, run, feeds, tag, check_numerics)
                     # cpu below wall: the thread lost its core (another process or thread ran)
                     tr.add(EXECUTOR, "send" if n.op == "send" else "kernel", n.name, t0,
                            clock(), {"op": n.op, "cpu_ms": (time.thread_time() - cpu0) * 1e3})
                     finish(n, value)
 
-    def _compute(self, n: Node, values: dict[Node, np.ndarray], feeds: Mapping[str, np.ndarray],
-                 step: int, check_numerics: bool) -> np.ndarray:
+    def _compute(self, n: Node, run: _Run, feeds: Mapping[str, np.ndarray], step: int,
+                 check_numerics: bool) -> np.ndarray:
         if n.op == "parameter":
             return self.params[n.name]
         if n.op == "constant":
@@ -282,7 +297,9 @@ class Worker:
             if n.name not in feeds:
                 raise StepFailed(located(n, f"is not fed on {worker_name(self.index)}"))
             return checked_value(n, feeds[n.name])
-        inputs = [values[x] for x in n.inputs]
+        inputs = [run.values[x] for x in n.inputs]
+        if n in run.into:
+            return accumulate_kernel(n, inputs, run.into[n], check_numerics)
         if n.op == "send":
             # a parameter (updated in place) or a gradient summed in place is tracked; any
             # other value is never written again, and tracking a zero-copy send costs CPU
