@@ -105,3 +105,32 @@ def test_rpc_killed_server_raises_peer_timeout():
     finally:
         proc.kill()
         proc.wait(5.0)
+
+
+def test_the_driver_takes_replies_as_they_come_and_returns_them_in_worker_order(monkeypatch):
+    """worker:0 answers last, yet each worker's reply stays at its index; a worker failing on
+    its own is reported at once, not after its peers' timeout."""
+    import graphflow as gf
+    from graphflow.partitioners import partition
+    from graphflow.runtime import Cluster, WorkerFailed
+    from graphflow.runtime.service import WorkerService
+
+    def hello(self):
+        if self.worker is None:  # the cluster's own hello, before its workers are loaded
+            return {"pid": 0}
+        index, fail = self.worker.index, getattr(self, "fail", False)
+        if index == 0:
+            time.sleep(3.0 if fail else 0.3)
+        if fail and index == 1:
+            raise RuntimeError("worker:1 broke")
+        return {"index": index}
+
+    monkeypatch.setattr(WorkerService, "hello", hello)
+    model = gf.models.digits_lc(batch=None)
+    with Cluster(partition(model.graph, 3, "layerwise", loss=model.loss), timeout=30) as cluster:
+        assert [r["index"] for r in cluster.call_all("hello", {})] == [0, 1, 2]
+        monkeypatch.setattr(WorkerService, "fail", True, raising=False)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerFailed, match="worker:1 broke") as failure:
+            cluster.call_all("hello", {})
+        assert failure.value.worker == "worker:1" and time.monotonic() - t0 < SLACK

@@ -1,6 +1,7 @@
 """Streamed steps (`Cluster.stream`): the next step waits at the workers while one runs, yet
 the steps, losses and parameters are those of `Cluster.step` called on each batch."""
 
+import contextlib
 import os
 import signal
 import threading
@@ -113,6 +114,23 @@ def test_a_stream_stopped_early_finishes_the_steps_it_sent():
         cluster.step(data[2])  # still in order: the next reply is this step's
     for name, value in expected.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_a_closed_stream_raises_a_draining_steps_failure_where_it_is_closed(monkeypatch):
+    run_step = Worker.run_step
+
+    def failing(self, feeds, fetches, step, *args, **kwargs):
+        if self.index == 1 and step == 1:
+            raise ValueError("step 1 fails on worker:1")
+        return run_step(self, feeds, fetches, step, *args, **kwargs)
+
+    monkeypatch.setattr(Worker, "run_step", failing)
+    with Cluster(plan_for("spatial"), optimizer=SGD, timeout=60) as cluster:
+        with pytest.raises(WorkerFailed, match="step 1 fails") as failure:
+            with contextlib.closing(cluster.stream(batches(3))) as steps:
+                next(steps)  # step 0 answered, step 1 sent: closing drains it
+        assert failure.value.worker == "worker:1"
+        assert cluster.step_count == 2  # step 2 was never sent
 
 
 def test_a_killed_worker_in_a_stream_is_named_within_the_timeout():

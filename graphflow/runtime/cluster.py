@@ -205,20 +205,41 @@ class Cluster:
             raise self._failure(i, method, e) from e
 
     def _gather(self, method: str, sent: Mapping[int, int]) -> dict[int, Any]:
-        """The replies to `sent` (worker -> request id), all awaited until one deadline: the
-        workers run side by side, and a dead one is named within the timeout."""
+        """The replies to `sent` (worker -> request id), taken as they come until one deadline:
+        the workers run side by side, and a dead one is named within the timeout.
+
+        A worker that fails on its own (a kernel, a feed) is reported at once: its peers would
+        only time out waiting for its tensors. Otherwise a silent worker is named before the
+        peers that timed out waiting for it."""
         deadline = time.monotonic() + max(self.clients[i].timeout for i in sent)
+        pending = dict(sent)
         results, errors = {}, []
-        for i, rid in sent.items():
-            try:
-                left = max(deadline - time.monotonic(), 0.001)
-                results[i] = self.clients[i].receive(rid, method, left)
-            except (PeerTimeout, RemoteError) as e:
-                errors.append(self._failure(i, method, e))
-        # a silent worker makes its peers time out as well: report the one that did not answer
+        poller = zmq.Poller()
+        for i in pending:
+            poller.register(self.clients[i].socket, zmq.POLLIN)
+        while pending:
+            left = deadline - time.monotonic()
+            ready = dict(poller.poll(max(1, int(left * 1000)))) if left > 0 else {}
+            if not ready and time.monotonic() >= deadline:
+                errors += [self._failure(i, method, PeerTimeout("", self.names[i], method))
+                           for i in pending]
+                break
+            for i, rid in list(pending.items()):
+                if self.clients[i].socket not in ready:
+                    continue
+                try:
+                    results[i] = self.clients[i].receive(rid, method, 0.001)
+                except PeerTimeout:
+                    continue  # only a late reply to an abandoned call was there
+                except RemoteError as e:
+                    if not e.remote.startswith(f"{PeerTimeout.__name__}:"):
+                        raise self._failure(i, method, e) from e
+                    errors.append(self._failure(i, method, e))
+                del pending[i]
+                poller.unregister(self.clients[i].socket)
         if errors:
             raise next((e for e in errors if e.silent), errors[0])
-        return results
+        return {i: results[i] for i in sent}  # in the workers' order, not the replies'
 
     def _call_each(self, method: str, args: Sequence[Mapping[str, Any]]) -> list[Any]:
         sent = {i: self._send(i, method, a) for i, a in enumerate(args)}
@@ -255,6 +276,11 @@ class Cluster:
 
             for out in cluster.stream(batches):
                 print(out["loss"])
+
+        A consumer that stops early leaves the steps already sent to finish when the stream
+        is closed. Close it where you stop (`with contextlib.closing(cluster.stream(...))`)
+        to have such a step's failure raised there: a stream left to the garbage collector
+        can only print it, and the cluster's next call fails naming the worker.
         """
         if ahead < 0:
             raise ValueError(f"ahead must be >= 0, got {ahead}")

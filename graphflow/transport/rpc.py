@@ -166,6 +166,11 @@ class RpcClient:
                               f"{self.timeout:g}s", self.peer, method) from None
         return rid
 
+    @property
+    def socket(self) -> zmq.Socket:
+        """The socket replies come in on, to poll several clients at once (`zmq.Poller`)."""
+        return self._sock
+
     def receive(self, rid: int, method: str, timeout: float | None = None) -> Any:
         """The result of request `rid` (a `send` of `method`), waiting at most `timeout` s;
         replies to earlier requests still on their way are dropped (their caller gave up)."""
