@@ -199,9 +199,11 @@ class Worker:
         pending.clear()
         # a gradient already summed from earlier micro-batches: its gemm adds straight into
         # the sum (beta = 1) instead of writing a new array that is then added (26 MB a
-        # layer of speech-mlp, a pass on the first stage's critical path)
+        # layer of speech-mlp, a pass on the first stage's critical path). Not where another
+        # node reads it: that node wants this run's part, not the running sum.
         into = {n: sums[n.name] for n in self.phases["W"]
-                if n.name in sums and _owned(sums[n.name]) and REGISTRY[n.op].accumulate}
+                if n.name in sums and _owned(sums[n.name]) and REGISTRY[n.op].accumulate
+                and not self.users[n]}
         run = _Run(values, {n: len(self.users[n]) for n in self.order}, into)
         self._dataflow(self.phases["W"], run, {}, keep, tag, check_numerics)
         self._collect(run, keep, got, sums, copy=False)
