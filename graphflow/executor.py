@@ -151,9 +151,8 @@ def run_kernel(node: Node, inputs: list[np.ndarray], check_numerics: bool = Fals
         out = REGISTRY[node.op].forward(inputs, node.attrs)
     except ValueError as e:  # bad values the shape rules cannot see (e.g. a label >= K)
         raise ValueError(located(node, str(e))) from e
-    if check_numerics and out.dtype.kind == "f" and not np.isfinite(out).all():
-        raise NonFiniteError(located(node, f"produced {int(np.isnan(out).sum())} NaN and "
-                                           f"{int(np.isinf(out).sum())} inf values"))
+    if check_numerics:
+        _check_finite(node, out, "produced")
     return out
 
 
@@ -164,10 +163,15 @@ def accumulate_kernel(node: Node, inputs: list[np.ndarray], out: np.ndarray,
     if accumulate is None:
         raise TypeError(f"op '{node.op}' of '{node.name}' cannot accumulate into an array")
     accumulate(inputs, node.attrs, out)
-    if check_numerics and not np.isfinite(out).all():
-        raise NonFiniteError(located(node, f"accumulated into {int(np.isnan(out).sum())} NaN "
-                                           f"and {int(np.isinf(out).sum())} inf values"))
+    if check_numerics:
+        _check_finite(node, out, "accumulated into")
     return out
+
+
+def _check_finite(node: Node, out: np.ndarray, verb: str) -> None:
+    if out.dtype.kind == "f" and not np.isfinite(out).all():
+        raise NonFiniteError(located(node, f"{verb} {int(np.isnan(out).sum())} NaN and "
+                                           f"{int(np.isinf(out).sum())} inf values"))
 
 
 def _names(nodes: list[Node]) -> str:

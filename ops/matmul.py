@@ -42,10 +42,10 @@ def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool
         out.fill(0)
         return out
     done = 0  # leading columns of out already computed
-    if accumulate and not transpose_a and wins(m, n, k):  # (small_gemm overwrites its out)
-        out += matmul_into(a, b, np.empty_like(out), transpose_a, transpose_b)
-        return out
     if not transpose_a and wins(m, n, k):
+        if accumulate:  # (small_gemm overwrites its out)
+            out += matmul_into(a, b, np.empty_like(out), transpose_a, transpose_b)
+            return out
         if transpose_b:
             matmul_nt(a, b, out, out.dtype.type(0))
             return out

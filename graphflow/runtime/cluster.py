@@ -190,10 +190,13 @@ class Cluster:
     # -- calls --------------------------------------------------------------------------------
     def _failure(self, i: int, method: str, e: PeerTimeout | RemoteError) -> WorkerFailed:
         if isinstance(e, PeerTimeout):
-            return WorkerFailed(f"{self.names[i]} did not answer '{method}' within "
-                                f"{self.clients[i].timeout:g}s: it died or hangs",
-                                self.names[i], silent=True)
+            return self._silent(i, method)
         return WorkerFailed(f"{self.names[i]} failed '{method}': {e.remote}", self.names[i])
+
+    def _silent(self, i: int, method: str) -> WorkerFailed:
+        return WorkerFailed(f"{self.names[i]} did not answer '{method}' within "
+                            f"{self.clients[i].timeout:g}s: it died or hangs",
+                            self.names[i], silent=True)
 
     def _call(self, i: int, method: str, args: Mapping[str, Any]) -> Any:
         return self._gather(method, {i: self._send(i, method, args)})[i]
@@ -221,14 +224,13 @@ class Cluster:
             left = deadline - time.monotonic()
             ready = dict(poller.poll(max(1, int(left * 1000)))) if left > 0 else {}
             if not ready and time.monotonic() >= deadline:
-                errors += [self._failure(i, method, PeerTimeout("", self.names[i], method))
-                           for i in pending]
+                errors += [self._silent(i, method) for i in pending]
                 break
             for i, rid in list(pending.items()):
                 if self.clients[i].socket not in ready:
                     continue
                 try:
-                    results[i] = self.clients[i].receive(rid, method, 0.001)
+                    results[i] = self.clients[i].receive(rid, method, 0)
                 except PeerTimeout:
                     continue  # only a late reply to an abandoned call was there
                 except RemoteError as e:

@@ -172,13 +172,14 @@ class RpcClient:
         return self._sock
 
     def receive(self, rid: int, method: str, timeout: float | None = None) -> Any:
-        """The result of request `rid` (a `send` of `method`), waiting at most `timeout` s;
-        replies to earlier requests still on their way are dropped (their caller gave up)."""
+        """The result of request `rid` (a `send` of `method`), waiting at most `timeout` s
+        (0: only a reply already here); replies to earlier requests still on their way are
+        dropped (their caller gave up)."""
         wait = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + wait
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not self._sock.poll(max(1, int(left * 1000))):
+            if not self._sock.poll(max(0, int(left * 1000))):
                 raise PeerTimeout(f"no reply from {self.peer} to {method!r} within {wait:g}s",
                                   self.peer, method)
             reply = decode_message(self._sock.recv_multipart(copy=False))
