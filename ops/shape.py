@@ -254,11 +254,29 @@ def _infer_slice(ins: Sequence[Spec], attrs: dict[str, Any]) -> Spec:
 
 
 def _slice_forward(ins: Sequence[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
+    """A view where the rows taken are one contiguous run (rows of an HWCN block: the halo
+    slices of the spatial strategy), a copy otherwise. Values are never mutated in place."""
     x = ins[0]
     view = x[tuple(slice(b, e) for b, e in zip(attrs["begin"], attrs["end"]))]
+    if view.flags.c_contiguous:
+        return view
     out = np.empty(view.shape, x.dtype)
     _copy(view, out)
     return out
+
+
+def contiguous_slice(shape: Sequence[int], out: Sequence[int]) -> bool:
+    """Whether slicing a C-contiguous array of `shape` to `out` takes one contiguous run:
+    the dims before the innermost one cut are 1 long (those after it are whole)."""
+    cut = max((d for d, (n, m) in enumerate(zip(shape, out)) if m != n), default=0)
+    return all(m == 1 for m in out[:cut]) or prod(out) == 0
+
+
+def _slice_cost(ins: Sequence[tuple[int, ...]], out: tuple[int, ...], attrs: dict[str, Any],
+                itemsize: int) -> Cost:
+    if contiguous_slice(ins[0], out):
+        return _view_cost(ins, out, attrs, itemsize)
+    return _move_cost(ins, out, attrs, itemsize)
 
 
 def _slice_grad(node: Node, dy: Node, wants: tuple[bool, ...]) -> Grads:
@@ -268,7 +286,7 @@ def _slice_grad(node: Node, dy: Node, wants: tuple[bool, ...]) -> Grads:
     return [apply("pad", dy, pads=pads)]
 
 
-register("slice", _infer_slice, _slice_forward, _slice_grad, _move_cost,
+register("slice", _infer_slice, _slice_forward, _slice_grad, _slice_cost,
          doc="x[begin:end] per dim (attrs begin, end; end None = to the end)")
 
 

@@ -235,10 +235,15 @@ class _Rewriter:
             w = n.inputs[1]
             weights = self.block_param(w, w.shape, 0, bounds,
                                        [(hi - lo, *w.shape[1:]) for lo, hi in bounds], workers)
+        spans = [(lo * sh - ph, (hi - 1) * sh - ph + kh) for lo, hi in bounds]  # may pass edges
+        shared = self.shared_rows(n, axis, [(max(a, 0), min(b, h)) for a, b in spans], workers)
         blocks = []
-        for j, ((lo, hi), wj) in enumerate(zip(bounds, workers, strict=True)):
-            top, bottom = lo * sh - ph, (hi - 1) * sh - ph + kh  # may pass the edges
-            rows = self.input_rows(x, axis, max(top, 0), min(bottom, h), wj, n.name, j)
+        for j, ((top, bottom), wj) in enumerate(zip(spans, workers, strict=True)):
+            if wj in shared:
+                rows = self.view_rows(shared[wj], axis, max(top, 0), min(bottom, h), wj,
+                                      f"{n.name}/in{j}")
+            else:
+                rows = self.input_rows(x, axis, max(top, 0), min(bottom, h), wj, n.name, j)
             if top < 0 or bottom > h:  # zero padding rows, only at the outer edges
                 pads = tuple((max(-top, 0), max(bottom - h, 0)) if d == axis else (0, 0)
                              for d in range(x.ndim))
@@ -251,6 +256,35 @@ class _Rewriter:
             blocks.append(self.on(wj, n.op, *ins, name=f"{n.name}/part{j}",
                                   **{**n.attrs, "padding": (0, pw)}))
         return Split(axis, blocks, bounds, workers)
+
+    def shared_rows(self, n: Node, axis: int, spans: list[tuple[int, int]],
+                    workers: list[int]) -> dict[int, tuple[int, Node]]:
+        """For a worker holding several blocks of windowed `n` whose input is whole and
+        replicable (the input's layout transpose): the rows all its blocks read, made once
+        (first row, node). Each block then takes a view of them: rows along axis 0 are one
+        contiguous run. Made per block, the blocks' overlapping rows were sliced and
+        transposed twice."""
+        x = n.inputs[0]
+        if axis != 0 or isinstance(self.val.get(x), Split | Partial | FlatSplit):
+            return {}
+        out = {}
+        for w in sorted(set(workers)):
+            mine = [j for j, wj in enumerate(workers) if wj == w]
+            if len(mine) < 2 or not replicable(whole := self.whole(x, w)):
+                continue
+            lo, hi = min(spans[j][0] for j in mine), max(spans[j][1] for j in mine)
+            out[w] = (lo, self.rows_of(whole, axis, lo, hi, w, n.name, f"{mine[0]}to{mine[-1]}"))
+        return out
+
+    def view_rows(self, shared: tuple[int, Node], axis: int, lo: int, hi: int, worker: int,
+                  name: str) -> Node:
+        """Rows [lo, hi) of the input out of a worker's shared rows (see `shared_rows`)."""
+        first, rows = shared
+        if (lo - first, hi - first) == (0, rows.shape[axis]):
+            return rows
+        return self.on(worker, "slice", rows, name=name,
+                       begin=tuple(lo - first if d == axis else 0 for d in range(rows.ndim)),
+                       end=tuple(hi - first if d == axis else None for d in range(rows.ndim)))
 
     def _windowed(self, n: Node) -> bool:
         """Split a windowed op by rows unless it is max pooling over padding (its pad is -inf,
@@ -291,7 +325,7 @@ class _Rewriter:
         return self.on(worker, "concat", *pieces, name=f"{name}/in{block}", axis=axis)
 
     def rows_of(self, n: Node, axis: int, lo: int, hi: int, worker: int, name: str,
-                block: int) -> Node:
+                block: int | str) -> Node:
         """Rows [lo, hi) along `axis` of a replicable node, computed on `worker` from the same
         rows of its input: the slice moves up to the placeholder, so that no worker spends
         time on the whole input (its layout transpose, say)."""

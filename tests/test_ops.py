@@ -78,3 +78,21 @@ def test_gradient_matches_finite_differences(case: OpCase):
             numeric[idx] = (up - down) / (2 * eps)
         np.testing.assert_allclose(a, numeric, rtol=1e-5, atol=1e-6,
                                    err_msg=f"{case.id}: gradient wrt {p.name}")
+
+
+def test_slice_of_whole_rows_is_a_view_and_costs_nothing():
+    """Rows along the first axis (an HWCN halo) are one run of memory: no copy, no traffic.
+    Any other slice is copied (kernels want contiguous inputs) and costs its bytes."""
+    from graphflow.ops.registry import node_cost
+
+    x = np.arange(60, dtype=np.float32).reshape(5, 4, 3)
+    with gf.Graph() as g:
+        p = gf.placeholder("x", (5, 4, 3))
+        rows = apply("slice", p, begin=(1, 0, 0), end=(4, None, None))
+        cols = apply("slice", p, begin=(0, 1, 0), end=(None, 3, None))
+    got_rows, got_cols = gf.Session(g).run([rows, cols], {p: x})
+    assert np.shares_memory(got_rows, x) and np.array_equal(got_rows, x[1:4])
+    assert not np.shares_memory(got_cols, x) and got_cols.flags.c_contiguous
+    assert np.array_equal(got_cols, x[:, 1:3])
+    assert node_cost(rows, 1).bytes_read == 0
+    assert node_cost(cols, 1).bytes_read == got_cols.nbytes

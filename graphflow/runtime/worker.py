@@ -303,10 +303,12 @@ class Worker:
         if n in run.into:
             return accumulate_kernel(n, inputs, run.into[n], check_numerics)
         if n.op == "send":
-            # a parameter (updated in place) or a gradient summed in place is tracked; any
-            # other value is never written again, and tracking a zero-copy send costs CPU
+            # a parameter (updated in place), a gradient summed in place or a view (of what,
+            # it does not say) is tracked; any other value is never written again, and
+            # tracking a zero-copy send costs CPU
             source = n.inputs[0]
-            track = source.op == "parameter" or source.name in self.grad_nodes
+            track = (source.op == "parameter" or source.name in self.grad_nodes
+                     or not inputs[0].flags.owndata)
             self.mail.post(worker_name(n.attrs["dst"]), n.attrs["key"], inputs[0], step, track)
             return inputs[0]
         return run_kernel(n, inputs, check_numerics)

@@ -40,6 +40,8 @@ CASES = [
     OpCase("slice", _one((4, 5, 3)), _slice, attrs={"begin": (1, 0, 2), "end": (3, None, 3)}),
     OpCase("slice", _one((4, 5)), _slice, attrs={"begin": (0, 0), "end": (None, None)},
            label="all"),
+    OpCase("slice", _one((5, 2, 3)), _slice, attrs={"begin": (1, 0, 0), "end": (4, None, None)},
+           label="rows"),
     OpCase("pad", _one((2, 3, 2)), lambda x, pads: np.pad(x, pads),
            attrs={"pads": ((0, 1), (2, 0), (1, 1))}),
 ]
