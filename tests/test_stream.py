@@ -195,3 +195,26 @@ def test_fit_logs_the_last_step_when_the_batches_run_out(split):
         if split:
             trainer.close()
     assert trainer.step_count == 2 and history.steps == [2] and len(history.losses) == 1
+
+
+@pytest.mark.parametrize("mode", ["threads", "processes"])
+@pytest.mark.parametrize("culprit", ["worker:0", "worker:2"])
+def test_a_failed_step_is_abandoned_by_its_peers_at_once(mode, culprit):
+    """A 3-stage pipeline. worker:0 fails on NaN input (check_numerics) before it sends
+    anything, or worker:2 on a label out of range while worker:0 waits for a gradient that
+    worker:1 waits for. The failing worker tells its peers (and they theirs), so they stop
+    waiting: the next step runs at once, not after the 20 s receive timeout; the driver names
+    the culprit, not the peers."""
+    model = gf.models.digits_lc(batch=None)
+    plan = partition(model.graph, 3, "layerwise", loss=model.loss)
+    good = batches(1)[0]
+    bad = ({**good, "x": np.full_like(good["x"], np.nan)} if culprit == "worker:0"
+           else {**good, "y": np.full_like(good["y"], 99)})
+    with Cluster(plan, mode=mode, optimizer=SGD, timeout=20.0) as cluster:
+        cluster.step(good)  # compiled and connected
+        t0 = time.monotonic()
+        with pytest.raises(WorkerFailed, match="NonFiniteError|label 99") as failure:
+            cluster.run(bad, [plan.loss], train=True, check_numerics=True)
+        assert failure.value.worker == culprit
+        loss = cluster.step(good)[plan.loss]
+        assert np.isfinite(loss) and time.monotonic() - t0 < 5.0

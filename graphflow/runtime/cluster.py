@@ -38,6 +38,7 @@ from graphflow.errors import GraphflowError
 from graphflow.partitioners.plan import Plan
 from graphflow.runtime import pipeline
 from graphflow.runtime.cores import BLAS_LIMIT, worker_env
+from graphflow.runtime.mailbox import PeerFailed
 from graphflow.runtime.service import serve
 from graphflow.runtime.worker import worker_name
 from graphflow.serialize import graph_to_dict
@@ -45,6 +46,10 @@ from graphflow.trace import session as tracing
 from graphflow.trace.recorder import clock
 from graphflow.transport.endpoint import PeerTimeout
 from graphflow.transport.rpc import RemoteError, RpcClient
+
+# a worker's failure because of another's (it waited for it, or was told it failed): the
+# driver reports the other one
+SECONDARY = (f"{PeerTimeout.__name__}:", f"{PeerFailed.__name__}:")
 
 
 def read_cluster_file(path: str) -> list[str]:
@@ -211,8 +216,8 @@ class Cluster:
         """The replies to `sent` (worker -> request id), taken as they come until one deadline:
         the workers run side by side, and a dead one is named within the timeout.
 
-        A worker that fails on its own (a kernel, a feed) is reported at once: its peers would
-        only time out waiting for its tensors. Otherwise a silent worker is named before the
+        A worker that fails on its own (a kernel, a feed) is reported at once; its peers, told
+        by it, abandon the step too (PeerFailed). Otherwise a silent worker is named before the
         peers that timed out waiting for it."""
         deadline = time.monotonic() + max(self.clients[i].timeout for i in sent)
         pending = dict(sent)
@@ -234,7 +239,7 @@ class Cluster:
                 except PeerTimeout:
                     continue  # only a late reply to an abandoned call was there
                 except RemoteError as e:
-                    if not e.remote.startswith(f"{PeerTimeout.__name__}:"):
+                    if not e.remote.startswith(SECONDARY):
                         raise self._failure(i, method, e) from e
                     errors.append(self._failure(i, method, e))
                 del pending[i]

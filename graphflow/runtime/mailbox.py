@@ -3,6 +3,9 @@
 A receiver thread moves arriving tensors from the endpoint into an inbox; a sender thread
 pushes outgoing ones, so a send never stalls compute; a tensor that comes before it is wanted
 (a later step or micro-batch) waits in a stash. Every wait is bounded by `timeout`.
+
+A worker whose step fails tells its peers (`abort_peers`): their waits for its tensors end at
+once with PeerFailed, which they pass on to their own peers, instead of each timing out.
 """
 
 from __future__ import annotations
@@ -21,11 +24,16 @@ from graphflow.trace.recorder import RECV, SEND, Recorder, clock
 from graphflow.transport.endpoint import Endpoint, PeerTimeout
 
 POLL = 0.05  # seconds the helper threads wait before checking for shutdown
+ABORT = "!abort"  # the key of a failed peer's notice (no node's key: those are node names)
 Arrival = tuple[dict[str, Any], np.ndarray]  # (header: key, src, step, ...; the tensor)
 
 
 class StepFailed(GraphflowError):
     """A worker could not finish a step (a peer did not deliver in time, a kernel failed)."""
+
+
+class PeerFailed(StepFailed):
+    """A peer failed this step and said so: the step is abandoned here too."""
 
 
 def worker_name(index: int) -> str:
@@ -43,6 +51,8 @@ class Mailbox:
         self._inbox: queue.Queue[Arrival] = queue.Queue()
         self._outbox: queue.Queue[tuple[str, str, np.ndarray, int, bool] | None] = queue.Queue()
         self._stash: dict[tuple[str, int], np.ndarray] = {}
+        self.step = 0  # the step being run (`begin`); a peer's abort notice names one
+        self._aborts: dict[int, str] = {}  # step -> why a peer abandoned it
         self._trackers: list[Any] = []
         self._send_error: BaseException | None = None
         self._stop = threading.Event()
@@ -64,6 +74,7 @@ class Mailbox:
         """The tensors of `step` that `waiting` (key -> its recv node) names and that have
         arrived; with `block`, wait for one until `deadline` (then PeerTimeout, naming the peer
         and the key)."""
+        self._check_aborted()
         early = [k for (k, s) in self._stash if s == step and k in waiting]
         got = [({"key": k}, self._stash.pop((k, step))) for k in early]
         while True:
@@ -75,7 +86,10 @@ class Mailbox:
                     self._raise_timeout(waiting)
                 return got
             self.bytes_received += array.nbytes
-            if meta["step"] == step and meta["key"] in waiting:
+            if meta["key"] == ABORT:
+                self._note_abort(meta, array)
+                self._check_aborted()
+            elif meta["step"] == step and meta["key"] in waiting:
                 got.append((meta, array))
             else:  # an early tensor of a later step (or micro-batch): keep it
                 self._stash[(meta["key"], meta["step"])] = array
@@ -89,8 +103,25 @@ class Mailbox:
             except queue.Empty:
                 break
             self.bytes_received += array.nbytes
-            self._stash[(meta["key"], meta["step"])] = array
+            if meta["key"] == ABORT:
+                self._note_abort(meta, array)
+            else:
+                self._stash[(meta["key"], meta["step"])] = array
+        self._check_aborted()
         return all((k, step) in self._stash for k in keys)
+
+    def begin(self, step: int) -> None:
+        """Step `step` starts: older abort notices are void; PeerFailed if it is aborted."""
+        self.step = step
+        self._aborts = {s: why for s, why in self._aborts.items() if s >= step}
+        self._check_aborted()
+
+    def abort_peers(self, why: str) -> None:
+        """Tell every peer this worker sends to that it abandons the current step. Sent
+        without waiting: a dead peer's notice is dropped, not waited for."""
+        notice = np.frombuffer(why.encode()[:4096], np.uint8)
+        for peer in self.endpoint.peers:
+            self._outbox.put((peer, ABORT, notice, self.step, False))
 
     def flush(self) -> None:
         """Wait until every posted tensor has gone to zmq, and every tracked one has left (its
@@ -109,6 +140,16 @@ class Mailbox:
             t.join(timeout=self.timeout + 2 * POLL + 1)
         if not any(t.is_alive() for t in self._threads):  # never close a socket in use
             self.endpoint.close()
+
+    def _note_abort(self, meta: dict[str, Any], notice: np.ndarray) -> None:
+        if meta["step"] >= self.step:  # (a notice for a step done here already is void)
+            why = bytes(notice).decode(errors="replace")
+            self._aborts.setdefault(meta["step"], f"{meta['src']} failed: {why}")
+
+    def _check_aborted(self) -> None:
+        if self.step in self._aborts:
+            raise PeerFailed(f"{self.name}: step {self.step} abandoned, "
+                             f"{self._aborts[self.step]}")
 
     def _raise_timeout(self, waiting: Mapping[str, Node]) -> None:
         if self._send_error is not None:
@@ -140,10 +181,13 @@ class Mailbox:
             try:
                 if item is None:
                     return
-                if self._send_error is not None or self._stop.is_set():
-                    continue  # a peer is gone or the worker is closing: drop the rest
                 peer, key, array, step, track = item
+                if self._stop.is_set() or self._send_error is not None and key != ABORT:
+                    continue  # a peer is gone or the worker is closing: drop the rest
                 t0 = clock()
+                if key == ABORT:  # never waits: a peer that cannot take it now is gone
+                    self.endpoint.send(peer, key, array, step, track, wait=False)
+                    continue
                 tracker = self.endpoint.send(peer, key, array, step, track)
                 if (tr := self.trace) is not None:
                     tr.add(SEND, "send", key, t0, clock(),

@@ -124,8 +124,19 @@ class Worker:
         `train`, update the parameters from the gradients averaged over the micro-batches.
 
         Fetched scalars and gradients are averaged over micro-batches, other values joined
-        along the batch axis.
+        along the batch axis. A failed step is abandoned by its peers too (PeerFailed), at once.
         """
+        try:
+            self.mail.begin(step)
+            return self._run_step(feeds, fetches, step, train, check_numerics, microbatches,
+                                  schedule)
+        except Exception as e:
+            self.mail.abort_peers(f"{type(e).__name__}: {e}")  # their waits for us end now
+            raise
+
+    def _run_step(self, feeds: Mapping[str, np.ndarray], fetches: list[str], step: int,
+                  train: bool, check_numerics: bool, microbatches: int,
+                  schedule: str) -> dict[str, np.ndarray]:
         if microbatches == 1:
             tasks: list[tuple[str, int]] = [("FB", 0)]
         else:

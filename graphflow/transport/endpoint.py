@@ -184,21 +184,33 @@ class Endpoint:
                 from e
         self._push[peer] = sock
 
+    @property
+    def peers(self) -> list[str]:
+        """The peers this endpoint sends to (`connect`ed)."""
+        return list(self._push)
+
     def send(self, peer: str, key: str, array: Any, step: int = 0,
-             track: bool = True) -> zmq.MessageTracker | None:
+             track: bool = True, wait: bool = True) -> zmq.MessageTracker | None:
         """Send `array` to `peer` under `key`; raises PeerTimeout if not queued within timeout.
 
         Arrays of at least 64 KiB go out without a copy and a MessageTracker is returned: do not
         modify the array until `tracker.done` (inproc hands the receiver this very memory).
         With `track=False` (for an array nobody writes again) no tracker is made, which saves
         about a third of a zero-copy send's CPU time. Smaller arrays are copied and None is
-        returned.
+        returned. With `wait=False` a message the peer cannot take at once is dropped
+        (returns None), not waited for.
         """
         sock = self._push.get(peer)
         if sock is None:
             raise TransportError(f"{self.name}: no peer {peer!r} to send {key!r} to "
                                  f"(connected: {', '.join(self._push) or 'none'})")
         header, a = encode_tensor(key, self.name, array, step)
+        if not wait:
+            try:
+                sock.send_multipart([header, a], zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+            return None
         try:
             sock.send(header, zmq.SNDMORE)
             if a.nbytes >= ZERO_COPY_MIN:
