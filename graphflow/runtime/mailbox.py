@@ -182,10 +182,10 @@ class Mailbox:
                 if item is None:
                     return
                 peer, key, array, step, track = item
-                if self._stop.is_set() or self._send_error is not None and key != ABORT:
+                if self._stop.is_set() or (self._send_error is not None and key != ABORT):
                     continue  # a peer is gone or the worker is closing: drop the rest
                 t0 = clock()
-                if key == ABORT:  # never waits: a peer that cannot take it now is gone
+                if key == ABORT:  # best effort, never waits: a peer that cannot take it is gone
                     self.endpoint.send(peer, key, array, step, track, wait=False)
                     continue
                 tracker = self.endpoint.send(peer, key, array, step, track)

@@ -198,7 +198,7 @@ class Endpoint:
         With `track=False` (for an array nobody writes again) no tracker is made, which saves
         about a third of a zero-copy send's CPU time. Smaller arrays are copied and None is
         returned. With `wait=False` a message the peer cannot take at once is dropped
-        (returns None), not waited for.
+        (returns None), not waited for or reported.
         """
         sock = self._push.get(peer)
         if sock is None:
@@ -208,7 +208,7 @@ class Endpoint:
         if not wait:
             try:
                 sock.send_multipart([header, a], zmq.NOBLOCK)
-            except zmq.Again:
+            except zmq.ZMQError:  # (Again: its queue is full or it is not connected)
                 pass
             return None
         try:
