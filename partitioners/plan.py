@@ -6,7 +6,7 @@ Per worker: its subgraph (with send/recv nodes), FLOPs, parameter bytes, bytes i
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
@@ -81,9 +81,12 @@ class Plan:
     def parts(self) -> int:
         return len(self.workers)
 
-    def worker_feeds(self, index: int, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def worker_feeds(self, index: int, feeds: Mapping[str, np.ndarray],
+                     alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None = None
+                     ) -> dict[str, np.ndarray]:
         """What worker `index` is fed of `feeds` (by placeholder name): the placeholders its
-        graph has, each cut to the rows the worker reads (see partitioners/feeds.py)."""
+        graph has, each cut to the rows the worker reads (see partitioners/feeds.py), into
+        an array from `alloc(shape, dtype)` (default: a new one)."""
         graph, cuts = self.workers[index].graph, self.feeds.get(index, {})
         out = {}
         for name, value in feeds.items():
@@ -91,8 +94,9 @@ class Plan:
                 continue
             if name in cuts:
                 axis, lo, hi = cuts[name]
-                value = np.ascontiguousarray(np.asarray(value)[(slice(None),) * axis
-                                                               + (slice(lo, hi),)])
+                rows = np.asarray(value)[(slice(None),) * axis + (slice(lo, hi),)]
+                value = (alloc or np.empty)(rows.shape, rows.dtype)
+                np.copyto(value, rows)
             out[name] = value
         return out
 

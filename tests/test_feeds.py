@@ -58,3 +58,36 @@ def test_partitioned_step_with_cut_feeds_equals_one_process():
     got = plan.assemble(got)
     for name, value in zip(grads, want[1:], strict=True):
         assert np.allclose(got[name], value, rtol=1e-4, atol=1e-6 * np.abs(value).max()), name
+
+
+def test_streamed_steps_cut_feeds_into_reused_arrays_without_mixing_steps(monkeypatch):
+    """Over processes the driver cuts each worker's rows into arrays it used for a step already
+    answered (no fresh pages each step); streamed steps, each on its own batch, still give the
+    losses of a run whose every cut is a new array (threads)."""
+    from graphflow.runtime.cluster import Cluster as Driver
+
+    model = gf.models.digits_lc(batch=None)
+    plan = partition(model.graph, 2, "spatial", loss=model.loss)
+    rng = np.random.default_rng(3)
+    data = [{"x": rng.standard_normal((8, 1, 32, 32), dtype=np.float32),
+             "y": rng.integers(0, 10, 8).astype(np.int32)} for _ in range(6)]
+    cuts: list[int] = []  # the arrays the workers' rows were cut into, step after step
+    send = Driver._send
+
+    def spy(self, i, method, args):
+        if method == "step":
+            cuts.append(id(args["feeds"]["x"]))
+        return send(self, i, method, args)
+
+    losses = {}
+    for mode in ("threads", "processes"):
+        with Driver(plan, mode=mode, optimizer={"name": "sgd", "lr": 0.05}, timeout=60) as c:
+            monkeypatch.setattr(Driver, "_send", spy)
+            cuts.clear()
+            losses[mode] = [out[plan.loss] for out in c.stream(data)]
+            monkeypatch.setattr(Driver, "_send", send)
+            ids = list(cuts)
+    # one step is sent ahead, so two steps' arrays take turns: step 2 reuses step 0's, ...
+    steps = [set(ids[k:k + 2]) for k in range(0, len(ids), 2)]
+    assert len(set(ids)) == 4 and all(steps[k] == steps[k - 2] for k in range(2, len(steps)))
+    np.testing.assert_allclose(losses["processes"], losses["threads"], rtol=1e-6)
