@@ -217,9 +217,7 @@ class _Rewriter:
             return self.block_param(x, x.shape, xa, bounds, shapes, like.workers)
         whole = self.whole(x)
         src = worker_index(whole.device)
-        return [self.on(src, "slice", whole, name=f"{x.name}/rows{j}",
-                        begin=tuple(lo if d == xa else 0 for d in range(x.ndim)),
-                        end=tuple(hi if d == xa else None for d in range(x.ndim)))
+        return [self.cut(whole, xa, lo, hi, src, f"{x.name}/rows{j}")
                 for j, (lo, hi) in enumerate(bounds)]
 
     def windowed(self, n: Node) -> Split:
@@ -282,9 +280,13 @@ class _Rewriter:
         first, rows = shared
         if (lo - first, hi - first) == (0, rows.shape[axis]):
             return rows
-        return self.on(worker, "slice", rows, name=name,
-                       begin=tuple(lo - first if d == axis else 0 for d in range(rows.ndim)),
-                       end=tuple(hi - first if d == axis else None for d in range(rows.ndim)))
+        return self.cut(rows, axis, lo - first, hi - first, worker, name)
+
+    def cut(self, node: Node, axis: int, lo: int, hi: int, worker: int, name: str) -> Node:
+        """node's rows [lo, hi) along `axis`, sliced on `worker`."""
+        return self.on(worker, "slice", node, name=name,
+                       begin=tuple(lo if d == axis else 0 for d in range(node.ndim)),
+                       end=tuple(hi if d == axis else None for d in range(node.ndim)))
 
     def _windowed(self, n: Node) -> bool:
         """Split a windowed op by rows unless it is max pooling over padding (its pad is -inf,
@@ -300,26 +302,20 @@ class _Rewriter:
                    block: int) -> Node:
         """Rows [lo, hi) along `axis` of x for output block `block` on `worker`: its own
         block plus halo slices of the neighbouring blocks, or a slice of x when x is whole."""
-
-        def cut(node: Node, a: int, b: int, where: int, label: str) -> Node:
-            return self.on(where, "slice", node, name=f"{name}/{label}",
-                           begin=tuple(a if d == axis else 0 for d in range(x.ndim)),
-                           end=tuple(b if d == axis else None for d in range(x.ndim)))
-
         v = self.val.get(x)
         if not isinstance(v, Split):
             whole = self.whole(x, worker)
             if replicable(whole):
                 return self.rows_of(whole, axis, lo, hi, worker, name, block)
-            return cut(whole, lo, hi, worker_index(whole.device), f"in{block}")
+            return self.cut(whole, axis, lo, hi, worker_index(whole.device), f"{name}/in{block}")
         pieces = []
         for i, (blo, bhi) in enumerate(v.bounds):
             a, b = max(lo, blo), min(hi, bhi)
             if a < b:  # a halo, or a trimmed own block, is sliced where the block lives
                 whole_block = (a, b) == (blo, bhi)
                 pieces.append(v.blocks[i] if whole_block else
-                              cut(v.blocks[i], a - blo, b - blo, v.workers[i],
-                                  f"rows{i}to{block}"))
+                              self.cut(v.blocks[i], axis, a - blo, b - blo, v.workers[i],
+                                       f"{name}/rows{i}to{block}"))
         if len(pieces) == 1:
             return pieces[0]
         return self.on(worker, "concat", *pieces, name=f"{name}/in{block}", axis=axis)
@@ -335,9 +331,7 @@ class _Rewriter:
         if label in self.out:
             return self.out[label]
         if n.op in REPLICATED:  # (named after the layer that reads the rows)
-            return self.on(worker, "slice", n, name=f"{name}/in{block}",
-                           begin=tuple(lo if d == axis else 0 for d in range(n.ndim)),
-                           end=tuple(hi if d == axis else None for d in range(n.ndim)))
+            return self.cut(n, axis, lo, hi, worker, f"{name}/in{block}")
         src_axis = n.attrs["axes"][axis] if n.op == "transpose" else axis
         rows = self.rows_of(n.inputs[0], src_axis, lo, hi, worker, name, block)
         return self.on(worker, n.op, rows, name=label, **n.attrs)
