@@ -27,7 +27,6 @@ import tomllib
 import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 from urllib.parse import urlparse
@@ -39,6 +38,7 @@ from graphflow.errors import GraphflowError
 from graphflow.partitioners.plan import Plan
 from graphflow.runtime import pipeline
 from graphflow.runtime.cores import BLAS_LIMIT, worker_env
+from graphflow.runtime.inflight import FeedBuffers, SentStep
 from graphflow.runtime.mailbox import PeerFailed
 from graphflow.runtime.service import serve
 from graphflow.runtime.worker import worker_name
@@ -84,42 +84,6 @@ class WorkerFailed(GraphflowError):
         self.worker, self.silent = worker, silent  # silent: it did not answer at all
 
 
-@dataclass
-class _SentStep:
-    """A step whose requests went out: its number, each worker's request id, its trace, and
-    the arrays its feeds were cut into (`_FeedBuffers`)."""
-
-    number: int
-    requests: dict[int, int]
-    traced: int | None
-    sent: float
-    buffers: list[np.ndarray] = field(default_factory=list)
-
-
-class _FeedBuffers:
-    """The arrays the driver cuts workers' feeds into (a spatial worker's rows of the image),
-    used again once their step is answered: the worker then had the request, so zmq no longer
-    reads them. A fresh 1.7 MB array per worker and step cost the driver's process 700 page
-    faults a step (lc-large spatial, 2 workers): 3 ms of a core the workers need. Not over
-    inproc (threads), where a worker's values may still be these very arrays."""
-
-    def __init__(self, reuse: bool) -> None:
-        self.reuse = reuse
-        self._free: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
-
-    def take(self, step: _SentStep, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        free = self._free.get((shape, dtype.str))
-        out = free.pop() if free else np.empty(shape, dtype)
-        step.buffers.append(out)
-        return out
-
-    def give_back(self, step: _SentStep) -> None:
-        if self.reuse:
-            for b in step.buffers:
-                self._free.setdefault((b.shape, b.dtype.str), []).append(b)
-        step.buffers.clear()
-
-
 class Cluster:
     """Runs `plan` on its workers. `optimizer` ({"name": "sgd", "lr": 0.1}) updates each
     worker's parameters in place after every `step`; `timeout` bounds every wait. With
@@ -159,7 +123,7 @@ class Cluster:
         self._blas_limited = mode == "threads" and BLAS_LIMIT.acquire(self.local_workers)
         self._procs: list[subprocess.Popen[bytes]] = []
         self.step_count = 0
-        self._feed_buffers = _FeedBuffers(reuse=mode != "threads")
+        self._feed_buffers = FeedBuffers(reuse=mode != "threads")
         self._finished = 0.0  # when the last step's replies were all in
         self.trace_label: str | None = None  # names its workers in a trace of several clusters
         self.clients: list[RpcClient] = []
@@ -321,7 +285,7 @@ class Cluster:
             raise ValueError(f"ahead must be >= 0, got {ahead}")
         if fetches is None:
             fetches = [self.plan.loss] if self.plan.loss else []
-        sent: deque[_SentStep] = deque()
+        sent: deque[SentStep] = deque()
         failed = False
         try:
             for feeds in batches:
@@ -340,13 +304,13 @@ class Cluster:
                 self._finish_step(sent.popleft())
 
     def _send_step(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str],
-                   train: bool, check_numerics: bool = False) -> _SentStep:
+                   train: bool, check_numerics: bool = False) -> SentStep:
         wanted: list[list[str]] = [[] for _ in self.names]
         for name in fetches:
             wanted[self.plan.worker_of(name)].append(name)
         session = tracing.current()  # a traced run: the workers record, the driver times steps
         traced = session.join(self) if session is not None else None
-        step = _SentStep(self.step_count, {}, traced, clock())
+        step = SentStep(self.step_count, {}, traced, clock())
         for i in range(self.plan.parts):
             cut = self.plan.worker_feeds(i, feeds, partial(self._feed_buffers.take, step))
             step.requests[i] = self._send(i, "step", {
@@ -356,7 +320,7 @@ class Cluster:
         self.step_count += 1
         return step
 
-    def _finish_step(self, step: _SentStep) -> dict[str, np.ndarray]:
+    def _finish_step(self, step: SentStep) -> dict[str, np.ndarray]:
         t0 = max(step.sent, self._finished)  # (a streamed step waited for the one before)
         results = self._gather("step", step.requests)
         self._feed_buffers.give_back(step)  # (a failed step's are dropped: zmq may hold them)
