@@ -161,7 +161,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from graphflow import datasets
     from graphflow.models import WORKLOADS
     from graphflow.optim import OPTIMIZERS
-    from graphflow.runtime.cluster import read_cluster_file
+    from graphflow.runtime.clusterfile import read_cluster_file
     from graphflow.train import DataParallelTrainer, PartitionedTrainer, Trainer
 
     steps, batch, lr = DEFAULTS[args.workload]

@@ -35,7 +35,8 @@ from graphflow.ps.client import PSClient
 from graphflow.ps.layout import Layout
 from graphflow.replicas.link import MODES as PS_MODES
 from graphflow.replicas.shards import ShardGroup
-from graphflow.runtime.cluster import Cluster, load_cluster_file
+from graphflow.runtime.cluster import Cluster
+from graphflow.runtime.clusterfile import load_cluster_file
 
 log = logging.getLogger("graphflow.replicas")
 
