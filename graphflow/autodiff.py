@@ -94,3 +94,11 @@ class _scoped:
     def __exit__(self, *exc: object) -> None:
         self.graph._scopes.pop()
         self.graph._devices.pop()
+
+
+def is_seed(node: Node) -> bool:
+    """Whether `node` is the 1 that backpropagation starts from (`gradients` without `dy`):
+    every gradient is linear in it, so scaling it scales them all (a pipeline weighs unequal
+    micro-batches so)."""
+    return (node.op == "ones_like" and len(node.inputs) == 1
+            and node.name == f"grad/{node.inputs[0].name}")

@@ -127,6 +127,41 @@ def test_pipelined_layerwise_step_equals_single_process(workload, parts, schedul
         assert_close(got[name], want, f"gradient of {name}")
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("parts", [2, 3])
+def test_unequal_micro_batches_give_the_single_process_step(parts, schedule):
+    """4 rows in 3 micro-batches (2, 1, 1): each one's gradients weigh its rows, so the loss,
+    the gradients and the parameters after SGD steps are the whole batch's."""
+    loss, grads = reference("digits-lc")
+    model = WORKLOADS["digits-lc"][0](batch=None)
+    plan = partition(model.graph, parts, "layerwise", loss=model.loss)
+    with Cluster(plan, optimizer={"name": "sgd", "lr": 0.05}, microbatches=3, schedule=schedule,
+                 timeout=60) as cluster:
+        out = cluster.gradients(batch("digits-lc"))
+        assert_close(out.pop("loss"), loss, "loss")
+        got = plan.assemble(out)
+        for name, want in grads.items():
+            assert_close(got[name], want, f"gradient of {name}")
+        batches = [batch("digits-lc", seed) for seed in range(3)]
+        for b in batches:
+            cluster.step(b)
+        got = plan.assemble(cluster.params())
+    trainer = gf.Trainer(WORKLOADS["digits-lc"][0](batch=None), gf.optim.SGD(0.05))
+    for b in batches:
+        trainer.step(b["x"], b["y"])
+    for name, want in trainer.session.params.items():
+        assert_close(got[name], want, f"parameter {name} after 3 steps")
+
+
+def test_a_batch_smaller_than_its_micro_batches_is_refused_before_the_workers_run():
+    model = gf.models.digits_lc(batch=None)
+    plan = partition(model.graph, 2, "layerwise", loss=model.loss)
+    with Cluster(plan, microbatches=5, timeout=60) as cluster:
+        with pytest.raises(ValueError, match="a batch of 4 rows cannot make 5 micro-batches"):
+            cluster.step(batch("digits-lc"))
+        assert cluster.step_count == 0
+
+
 def test_pipelining_refuses_a_non_linear_plan_and_a_fixed_batch():
     model = gf.models.digits_lc()
     plan = partition(model.graph, 2, "spatial", loss=model.loss)

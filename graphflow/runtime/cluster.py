@@ -23,7 +23,6 @@ import sys
 import tempfile
 import threading
 import time
-import tomllib
 import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -37,11 +36,12 @@ import zmq
 from graphflow.errors import GraphflowError
 from graphflow.partitioners.plan import Plan
 from graphflow.runtime import pipeline
+from graphflow.runtime.clusterfile import read_cluster_file
 from graphflow.runtime.cores import BLAS_LIMIT, worker_env
 from graphflow.runtime.inflight import FeedBuffers, SentStep
 from graphflow.runtime.mailbox import PeerFailed
 from graphflow.runtime.service import serve
-from graphflow.runtime.worker import worker_name
+from graphflow.runtime.worker import microbatch_rows, worker_name
 from graphflow.serialize import graph_to_dict
 from graphflow.trace import session as tracing
 from graphflow.trace.recorder import clock
@@ -51,24 +51,6 @@ from graphflow.transport.rpc import RemoteError, RpcClient
 # a worker's failure because of another's (it waited for it, or was told it failed): the
 # driver reports the other one
 SECONDARY = (f"{PeerTimeout.__name__}:", f"{PeerFailed.__name__}:")
-
-
-def read_cluster_file(path: str) -> list[str]:
-    """The worker control addresses listed in a TOML cluster file (`workers = [...]`)."""
-    return load_cluster_file(path)["workers"]
-
-
-def load_cluster_file(path: str) -> dict[str, Any]:
-    """A TOML cluster file's contents, its `workers` checked to be tcp://HOST:PORT."""
-    with open(path, "rb") as f:
-        data = tomllib.load(f)
-    workers = data.get("workers")
-    if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers):
-        raise ValueError(f"{path}: expected `workers = [\"tcp://HOST:PORT\", ...]`")
-    bad = [w for w in workers if urlparse(w).scheme != "tcp" or not urlparse(w).port]
-    if bad:
-        raise ValueError(f"{path}: worker address {bad[0]!r} is not tcp://HOST:PORT")
-    return data
 
 
 def reply_grace(timeout: float) -> float:
@@ -310,15 +292,28 @@ class Cluster:
             wanted[self.plan.worker_of(name)].append(name)
         session = tracing.current()  # a traced run: the workers record, the driver times steps
         traced = session.join(self) if session is not None else None
+        rows = self._batch_rows(feeds)
         step = SentStep(self.step_count, {}, traced, clock())
         for i in range(self.plan.parts):
             cut = self.plan.worker_feeds(i, feeds, partial(self._feed_buffers.take, step))
             step.requests[i] = self._send(i, "step", {
                 "feeds": cut, "fetches": wanted[i],
                 "step": step.number, "train": train, "check_numerics": check_numerics,
-                "microbatches": self.microbatches, "schedule": self.schedule})
+                "microbatches": self.microbatches, "schedule": self.schedule, "rows": rows})
         self.step_count += 1
         return step
+
+    def _batch_rows(self, feeds: Mapping[str, np.ndarray]) -> int | None:
+        """The batch's rows, when it is cut into micro-batches (each weighs its rows); a
+        ValueError here, before any worker is asked, if it has fewer rows than micro-batches."""
+        if self.microbatches == 1:
+            return None
+        batched = [n.name for n in self.plan.graph.placeholders() if n.name in feeds and n.shape]
+        if not batched:
+            return None
+        rows = len(np.asarray(feeds[batched[0]]))
+        microbatch_rows(rows, self.microbatches)
+        return rows
 
     def _finish_step(self, step: SentStep) -> dict[str, np.ndarray]:
         t0 = max(step.sent, self._finished)  # (a streamed step waited for the one before)

@@ -149,13 +149,13 @@ class WorkerService:
 
     def step(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str], step: int,
              train: bool = True, check_numerics: bool = False, microbatches: int = 1,
-             schedule: str = "1f1b") -> dict[str, np.ndarray]:
+             schedule: str = "1f1b", rows: int | None = None) -> dict[str, np.ndarray]:
         started = clock()
         worker, link = self._loaded(), self.link if train else None
         if link is not None:
             link.before_step(step)
         out = worker.run_step(feeds, list(fetches), step, train, check_numerics, microbatches,
-                              schedule)
+                              schedule, rows)
         if link is not None:
             link.after_step(step)
         self._collect = self.own_gc

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from graphflow.autodiff import is_seed
 from graphflow.errors import located
 from graphflow.executor import accumulate_kernel, checked_value, run_kernel
 from graphflow.init import initial_value
@@ -39,15 +40,25 @@ class _Run:
     values: dict[Node, np.ndarray]
     pending_users: dict[Node, int]
     into: dict[Node, np.ndarray] = field(default_factory=dict)
+    seed_scale: float = 1.0  # the micro-batch's weight (see `microbatch_rows`)
+
+
+def microbatch_rows(rows: int, parts: int) -> list[int]:
+    """The rows of each of `parts` micro-batches of a batch of `rows`, as np.array_split cuts
+    it: sizes differ by at most one. Each micro-batch's gradients count rows / batch (as in a
+    mean loss over the whole batch), so a batch need not divide evenly."""
+    if not 1 <= parts <= rows:
+        raise ValueError(f"a batch of {rows} rows cannot make {parts} micro-batches")
+    return [rows // parts + (i < rows % parts) for i in range(parts)]
 
 
 def _split_batch(name: str, value: np.ndarray, parts: int) -> list[np.ndarray]:
     if parts == 1:
         return [value]
-    if value.ndim == 0 or len(value) % parts:
-        raise ValueError(f"feed '{name}' of shape {value.shape}: its batch does not split into "
-                         f"{parts} equal micro-batches")
-    return np.split(value, parts)
+    if value.ndim == 0 or len(value) < parts:
+        raise ValueError(f"feed '{name}' of shape {value.shape}: its batch cannot make "
+                         f"{parts} micro-batches")
+    return np.array_split(value, parts)
 
 
 def _owned(a: np.ndarray) -> bool:
@@ -55,12 +66,13 @@ def _owned(a: np.ndarray) -> bool:
     return bool(a.flags.owndata and a.flags.writeable)
 
 
-def _combine(name: str, values: list[np.ndarray]) -> np.ndarray:
-    """A fetched value over micro-batches: scalars (mean losses) averaged, tensors joined."""
+def _combine(name: str, values: list[np.ndarray], rows: list[int]) -> np.ndarray:
+    """A fetched value over micro-batches: scalars (mean losses) averaged, each weighted by
+    its micro-batch's rows; tensors joined."""
     if len(values) == 1:
         return values[0]
     if values[0].ndim == 0:
-        return np.asarray(np.mean(values), dtype=values[0].dtype)
+        return np.asarray(np.average(values, weights=rows), dtype=values[0].dtype)
     return np.concatenate(values)
 
 
@@ -119,24 +131,26 @@ class Worker:
     # -- the step -----------------------------------------------------------------------------
     def run_step(self, feeds: Mapping[str, np.ndarray], fetches: list[str], step: int,
                  train: bool = True, check_numerics: bool = False, microbatches: int = 1,
-                 schedule: str = "1f1b") -> dict[str, np.ndarray]:
+                 schedule: str = "1f1b", rows: int | None = None) -> dict[str, np.ndarray]:
         """Run the subgraph once per micro-batch, in the order of the pipeline schedule; with
         `train`, update the parameters from the gradients averaged over the micro-batches.
 
-        Fetched scalars and gradients are averaged over micro-batches, other values joined
-        along the batch axis. A failed step is abandoned by its peers too (PeerFailed), at once.
+        Fetched scalars and gradients are averaged over micro-batches (weighted by their
+        rows: `rows` is the whole batch's), other values joined along the batch axis. A failed
+        step is abandoned by its peers too (PeerFailed), at once.
         """
         try:
             self.mail.begin(step)
             return self._run_step(feeds, fetches, step, train, check_numerics, microbatches,
-                                  schedule)
+                                  schedule, rows)
         except Exception as e:
             self.mail.abort_peers(f"{type(e).__name__}: {e}")  # their waits for us end now
             raise
 
     def _run_step(self, feeds: Mapping[str, np.ndarray], fetches: list[str], step: int,
                   train: bool, check_numerics: bool, microbatches: int,
-                  schedule: str) -> dict[str, np.ndarray]:
+                  schedule: str, rows: int | None) -> dict[str, np.ndarray]:
+        sizes = microbatch_rows(rows, microbatches) if rows else [1] * microbatches
         if microbatches == 1:
             tasks: list[tuple[str, int]] = [("FB", 0)]
         else:
@@ -161,7 +175,8 @@ class Worker:
                                    check_numerics)
                 if phase == "W":
                     continue
-            run = runs.setdefault(mb, _Run({}, {n: len(self.users[n]) for n in self.order}))
+            run = runs.setdefault(mb, _Run({}, {n: len(self.users[n]) for n in self.order},
+                                           seed_scale=microbatches * sizes[mb] / sum(sizes)))
             self._dataflow(self.phases[phase], run, {k: v[mb] for k, v in parts.items()}, keep,
                            tag, check_numerics)
             if phase != "F":  # the micro-batch is complete
@@ -176,7 +191,7 @@ class Worker:
         if tr is not None:
             tr.add(EXECUTOR, "send", "send flush", t0, clock())
         t0 = clock()
-        out = {name: _combine(name, vs) for name, vs in got.items() if vs}
+        out = {name: _combine(name, vs, sizes) for name, vs in got.items() if vs}
         # The mean of the micro-batches' gradients: a gradient only the update reads is
         # handed over as a sum with its scale (no pass over 100 MB of it), a fetched one scaled.
         updating = train and self.optimizer is not None
@@ -313,6 +328,9 @@ class Worker:
         inputs = [run.values[x] for x in n.inputs]
         if n in run.into:
             return accumulate_kernel(n, inputs, run.into[n], check_numerics)
+        if run.seed_scale != 1.0 and is_seed(n):  # a micro-batch of other than average rows
+            one = run_kernel(n, inputs, check_numerics)
+            return one * np.asarray(run.seed_scale, one.dtype)
         if n.op == "send":
             # a parameter (updated in place), a gradient summed in place or a view (of what,
             # it does not say) is tracked; any other value is never written again, and
