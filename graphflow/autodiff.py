@@ -47,7 +47,8 @@ def gradients(loss: Node, wrt: Sequence[Node], dy: Node | None = None) -> dict[s
             raise GraphError(located(w, f"the loss '{loss.name}' does not depend on it"))
 
     with graph:
-        seed = dy if dy is not None else apply("ones_like", loss, name=f"grad/{loss.name}")
+        seed = dy if dy is not None else apply("ones_like", loss, name=f"grad/{loss.name}",
+                                               seed=True)
         partials: dict[Node, list[Node]] = {loss: [seed]}
         done: dict[Node, Node] = {}
         for node in reversed(forward):
@@ -100,5 +101,4 @@ def is_seed(node: Node) -> bool:
     """Whether `node` is the 1 that backpropagation starts from (`gradients` without `dy`):
     every gradient is linear in it, so scaling it scales them all (a pipeline weighs unequal
     micro-batches so)."""
-    return (node.op == "ones_like" and len(node.inputs) == 1
-            and node.name == f"grad/{node.inputs[0].name}")
+    return node.op == "ones_like" and bool(node.attrs.get("seed", False))

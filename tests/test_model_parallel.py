@@ -127,16 +127,17 @@ def test_pipelined_layerwise_step_equals_single_process(workload, parts, schedul
         assert_close(got[name], want, f"gradient of {name}")
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-@pytest.mark.parametrize("parts", [2, 3])
-def test_unequal_micro_batches_give_the_single_process_step(parts, schedule):
+@pytest.mark.parametrize(("parts", "schedule", "mode"), [
+    (2, "gpipe", "threads"), (2, "1f1b", "threads"), (3, "gpipe", "threads"),
+    (3, "1f1b", "threads"), (2, "1f1b", "processes")])
+def test_unequal_micro_batches_give_the_single_process_step(parts, schedule, mode):
     """4 rows in 3 micro-batches (2, 1, 1): each one's gradients weigh its rows, so the loss,
     the gradients and the parameters after SGD steps are the whole batch's."""
     loss, grads = reference("digits-lc")
     model = WORKLOADS["digits-lc"][0](batch=None)
     plan = partition(model.graph, parts, "layerwise", loss=model.loss)
-    with Cluster(plan, optimizer={"name": "sgd", "lr": 0.05}, microbatches=3, schedule=schedule,
-                 timeout=60) as cluster:
+    with Cluster(plan, mode=mode, optimizer={"name": "sgd", "lr": 0.05}, microbatches=3,
+                 schedule=schedule, timeout=60) as cluster:
         out = cluster.gradients(batch("digits-lc"))
         assert_close(out.pop("loss"), loss, "loss")
         got = plan.assemble(out)
