@@ -50,6 +50,7 @@ from graphflow.models import Model
 from graphflow.partitioners import STRATEGIES, Plan, partition
 from graphflow.prediction import (
     best_microbatches,
+    largest_microbatch,
     microbatch_rate,
     predict,
     predict_curve,
@@ -225,7 +226,7 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
                     mb, choices = best_microbatches(plan, args.batch, args.repeats,
                                                     args.schedule)
                     points[i].update(microbatches=mb, microbatch_predictions_s=choices)
-                for b in {args.batch // mb, args.batch}:
+                for b in {largest_microbatch(args.batch, mb), args.batch}:
                     CostModel.calibrate(plan.graph, b, args.repeats)  # (new kernel shapes)
                     retimed.setdefault(b, {}).update(kernels(plan.graph, b))
                 running[i] = stack.enter_context(_cluster(plan, args, mb, feeds,
