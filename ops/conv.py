@@ -17,6 +17,7 @@ from numba import njit
 
 from graphflow.errors import ShapeError
 from graphflow.ir import Node
+from graphflow.ops import registry
 from graphflow.ops.blas import NT, TR, gemm
 from graphflow.ops.local import (
     add_run,
@@ -28,7 +29,7 @@ from graphflow.ops.local import (
     pair,
     zero_run,
 )
-from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
+from graphflow.ops.registry import Spec, apply, expect_ndim, fmt, register, same_float_dtype
 
 Grads = Sequence[Node | None]
 Shape4 = tuple[int | None, ...]
@@ -217,15 +218,10 @@ def _conv2d_grad(node: Node, dy: Node, wants: tuple[bool, ...]) -> Grads:
             if wants[1] else None]
 
 
-def _cost(weight: int, grad: int) -> Any:
-    """2 N F OH OW C KH KW flops; shapes [*inputs, output] hold the weight (F, C, KH, KW) at
-    index `weight` and y or dy (N, F, OH, OW) at index `grad`."""
-    def cost(ins: Sequence[tuple[int, ...]], out: tuple[int, ...], attrs: dict[str, Any],
-             itemsize: int) -> Cost:
-        shapes = [*ins, out]
-        flops = 2.0 * prod(shapes[grad]) * prod(shapes[weight][1:])
-        return Cost(flops, itemsize * sum(prod(s) for s in ins), itemsize * prod(out))
-    return cost
+def _cost(weight: int, grad: int) -> registry.CostFn:
+    """2 N F OH OW C KH KW flops: a dot product of C KH KW terms (w is (F, C, KH, KW)) per
+    element of y or dy (N, F, OH, OW)."""
+    return registry.dot_cost(weight, grad, lambda w: prod(w[1:]))
 
 
 register("conv2d", _infer_conv2d, _conv2d_forward, _conv2d_grad, _cost(1, 2),

@@ -14,7 +14,6 @@ so no padded copy of the input is made.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from math import prod
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,16 @@ from numba import njit
 from graphflow.errors import ShapeError
 from graphflow.ir import Node, Shape
 from graphflow.ops.blas import NT, TR, gemm
-from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
+from graphflow.ops.registry import (
+    CostFn,
+    Spec,
+    apply,
+    dot_cost,
+    expect_ndim,
+    fmt,
+    register,
+    same_float_dtype,
+)
 
 Grads = Sequence[Node | None]
 
@@ -323,15 +331,10 @@ def _local2d_grad(node: Node, dy: Node, wants: tuple[bool, ...]) -> Grads:
             apply("local2d_grad_weight", x, dy, **geo) if wants[1] else None]
 
 
-def _cost(weight: int, grad: int) -> Any:
-    """2 N K F OH OW flops (one (F, K) x (K, N) product a location); shapes [*inputs, output]
-    hold the weight (OH, OW, F, K) at index `weight` and y or dy (OH, OW, F, N) at `grad`."""
-    def cost(ins: Sequence[tuple[int, ...]], out: tuple[int, ...], attrs: dict[str, Any],
-             itemsize: int) -> Cost:
-        shapes = [*ins, out]
-        flops = 2.0 * prod(shapes[grad]) * shapes[weight][3]
-        return Cost(flops, itemsize * sum(prod(s) for s in ins), itemsize * prod(out))
-    return cost
+def _cost(weight: int, grad: int) -> CostFn:
+    """2 N K F OH OW flops (one (F, K) x (K, N) product a location): a dot product of K terms
+    (w is (OH, OW, F, K)) per element of y or dy (OH, OW, F, N)."""
+    return dot_cost(weight, grad, lambda w: w[3])
 
 
 register("local2d", _infer_local2d, _local2d_forward, _local2d_grad, _cost(1, 2),

@@ -39,6 +39,19 @@ Grad = Callable[[Node, Node, tuple[bool, ...]], Sequence[Node | None]]
 CostFn = Callable[[Sequence[tuple[int, ...]], tuple[int, ...], dict[str, Any], int], Cost]
 Accumulate = Callable[[Sequence[np.ndarray], dict[str, Any], np.ndarray], None]
 
+
+def dot_cost(weight: int, grad: int, depth: Callable[[tuple[int, ...]], int]) -> CostFn:
+    """The cost of a windowed layer or one of its gradients: a multiply-add per element of y
+    (or dy) and per term of its dot product, `depth(weight's shape)` terms; the shapes
+    [*inputs, output] hold the weight at index `weight` and y or dy at index `grad`. Every
+    input is read once and the output written once."""
+    def cost(ins: Sequence[tuple[int, ...]], out: tuple[int, ...], attrs: dict[str, Any],
+             itemsize: int) -> Cost:
+        shapes = [*ins, out]
+        flops = 2.0 * prod(shapes[grad]) * depth(shapes[weight])
+        return Cost(flops, itemsize * sum(prod(s) for s in ins), itemsize * prod(out))
+    return cost
+
 FLOAT_DTYPES = ("float32", "float64")
 INT_DTYPES = ("int32", "int64")
 
