@@ -1,0 +1,54 @@
+"""A worker's mailbox (runtime/mailbox.py): a failed step's abort notice between peers."""
+
+import itertools
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from graphflow.runtime.mailbox import Mailbox, PeerFailed
+from graphflow.transport import Endpoint
+
+_ids = itertools.count()
+
+
+@pytest.fixture
+def mailboxes():
+    """worker:0 and worker:1 over inproc, each sending to the other, 10 s timeouts."""
+    n = next(_ids)
+    e0 = Endpoint("worker:0", f"inproc://mailbox-{n}-0", timeout=10.0)
+    e1 = Endpoint("worker:1", f"inproc://mailbox-{n}-1", timeout=10.0)
+    e0.connect("worker:1", e1.address)
+    e1.connect("worker:0", e0.address)
+    m0, m1 = Mailbox("worker:0", e0, 10.0), Mailbox("worker:1", e1, 10.0)
+    yield m0, m1
+    m0.close()
+    m1.close()
+
+
+WAITING = {"act": SimpleNamespace(attrs={"src": 0})}  # a recv of 'act' from worker:0
+
+
+def test_an_abort_ends_a_peers_wait_at_once(mailboxes):
+    m0, m1 = mailboxes
+    m0.begin(5)
+    m1.begin(5)
+    threading.Timer(0.2, m0.abort_peers, ["ValueError: bad feed"]).start()
+    t0 = time.monotonic()
+    with pytest.raises(PeerFailed, match="worker:1: step 5 abandoned, worker:0 failed: "
+                                         "ValueError: bad feed"):
+        m1.take(5, WAITING, block=True, deadline=t0 + 10.0)
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_a_notice_for_a_step_the_peer_has_not_begun_fails_that_step_when_it_begins(mailboxes):
+    m0, m1 = mailboxes
+    m1.begin(3)
+    m0.begin(4)
+    m0.abort_peers("worker:0 is ahead and failed step 4")
+    time.sleep(0.3)  # (inproc: the notice is in worker:1's inbox by now)
+    m1.arrived([], 3)  # takes it in; step 3 is not the one abandoned: no PeerFailed
+    with pytest.raises(PeerFailed, match="step 4 abandoned"):
+        m1.begin(4)
+    m1.begin(5)  # the next step is not
