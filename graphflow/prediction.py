@@ -12,8 +12,13 @@ from graphflow.costmodel import SOURCE_OPS, CostModel, Link
 from graphflow.ir import users_of
 from graphflow.models import Model
 from graphflow.partitioners import Plan, partition
-from graphflow.runtime.pipeline import check_linear, deferred_weight_nodes, is_backward, simulate
-from graphflow.runtime.worker import microbatch_rows
+from graphflow.runtime.pipeline import (
+    check_linear,
+    deferred_weight_nodes,
+    is_backward,
+    microbatch_rows,
+    simulate,
+)
 
 
 def workers_used(plan: Plan) -> int:

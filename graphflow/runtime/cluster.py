@@ -41,7 +41,7 @@ from graphflow.runtime.cores import BLAS_LIMIT, worker_env
 from graphflow.runtime.inflight import FeedBuffers, SentStep
 from graphflow.runtime.mailbox import PeerFailed
 from graphflow.runtime.service import serve
-from graphflow.runtime.worker import microbatch_rows, worker_name
+from graphflow.runtime.worker import worker_name
 from graphflow.serialize import graph_to_dict
 from graphflow.trace import session as tracing
 from graphflow.trace.recorder import clock
@@ -312,7 +312,7 @@ class Cluster:
         if not batched:
             return None
         rows = len(np.asarray(feeds[batched[0]]))
-        microbatch_rows(rows, self.microbatches)
+        pipeline.microbatch_rows(rows, self.microbatches)
         return rows
 
     def _finish_step(self, step: SentStep) -> dict[str, np.ndarray]:

@@ -36,6 +36,15 @@ BATCH_ADDITIVE = frozenset({
     "relu_grad", "sigmoid_grad", "tanh_grad", "local2d_grad_weight", "conv2d_grad_weight"})
 
 
+def microbatch_rows(rows: int, parts: int) -> list[int]:
+    """The rows of each of `parts` micro-batches of a batch of `rows`, as np.array_split cuts
+    it: sizes differ by at most one. Each micro-batch's gradients count rows / batch (as in a
+    mean loss over the whole batch), so a batch need not divide evenly."""
+    if not 1 <= parts <= rows:
+        raise ValueError(f"a batch of {rows} rows cannot make {parts} micro-batches")
+    return [rows // parts + (i < rows % parts) for i in range(parts)]
+
+
 def schedule(kind: str, stage: int, stages: int, microbatches: int) -> list[Task]:
     """GPipe: every forward, then every backward (fill, drain). 1F1B: after stages - stage - 1
     warm-up forwards, alternate one forward and one backward, so at most `stages` micro-batches

@@ -40,16 +40,7 @@ class _Run:
     values: dict[Node, np.ndarray]
     pending_users: dict[Node, int]
     into: dict[Node, np.ndarray] = field(default_factory=dict)
-    seed_scale: float = 1.0  # the micro-batch's weight (see `microbatch_rows`)
-
-
-def microbatch_rows(rows: int, parts: int) -> list[int]:
-    """The rows of each of `parts` micro-batches of a batch of `rows`, as np.array_split cuts
-    it: sizes differ by at most one. Each micro-batch's gradients count rows / batch (as in a
-    mean loss over the whole batch), so a batch need not divide evenly."""
-    if not 1 <= parts <= rows:
-        raise ValueError(f"a batch of {rows} rows cannot make {parts} micro-batches")
-    return [rows // parts + (i < rows % parts) for i in range(parts)]
+    seed_scale: float = 1.0  # the micro-batch's weight (see `pipeline.microbatch_rows`)
 
 
 def _split_batch(name: str, value: np.ndarray, parts: int) -> list[np.ndarray]:
@@ -150,7 +141,7 @@ class Worker:
     def _run_step(self, feeds: Mapping[str, np.ndarray], fetches: list[str], step: int,
                   train: bool, check_numerics: bool, microbatches: int,
                   schedule: str, rows: int | None) -> dict[str, np.ndarray]:
-        sizes = microbatch_rows(rows, microbatches) if rows else [1] * microbatches
+        sizes = pipeline.microbatch_rows(rows, microbatches) if rows else [1] * microbatches
         if microbatches == 1:
             tasks: list[tuple[str, int]] = [("FB", 0)]
         else:
