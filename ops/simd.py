@@ -1,4 +1,5 @@
-"""A 16-lane float32 vector for Numba kernels: load, store, splat, zero, fused multiply-add.
+"""A 16-lane float32 vector for Numba kernels: load, store, splat, zero, fused multiply-add;
+and a prefetch hint.
 
 LLVM vectorises loops that reduce along contiguous memory, but not a kernel that keeps a block
 of output rows in registers while it walks down a weight's rows (x @ w): it has to be told.
@@ -29,7 +30,7 @@ LANES = 16
 _VEC = ir.VectorType(ir.FloatType(), LANES)
 _I32 = ir.IntType(32)
 
-__all__ = ["LANES", "vfma", "vload", "vsplat", "vstore", "vzero"]
+__all__ = ["LANES", "prefetch", "vfma", "vload", "vsplat", "vstore", "vzero"]
 
 
 class F32x16(types.Type):
@@ -113,3 +114,20 @@ def vfma(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
                                              "llvm.fma.v16f32")
         return builder.call(fma, args)
     return f32x16(a, b, c), codegen
+
+
+@intrinsic
+def prefetch(typingctx: Any, arr: Any, index: Any) -> Any:
+    """Ask for arr[index]'s cache line in L2 ahead of its use: a hint, which never faults."""
+    _flat_float32(arr, "prefetch")
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        address = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
+        hint = ir.FunctionType(ir.VoidType(), [address.type, _I32, _I32, _I32])
+        fn = cgutils.get_or_insert_function(builder.module, hint, "llvm.prefetch.p0i8")
+        # a read; locality 2 (L2 and out: the line waits there a few thousand cycles); data
+        read, locality, data_cache = (ir.Constant(_I32, v) for v in (0, 2, 1))
+        builder.call(fn, [address, read, locality, data_cache])
+        return context.get_dummy_value()
+    return types.void(arr, index), codegen

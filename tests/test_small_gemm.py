@@ -7,7 +7,16 @@ import graphflow as gf
 import graphflow.ops.matmul as matmul_mod
 from graphflow.ops.matmul import matmul, matmul_into
 from graphflow.ops.reduce import reduce_sum
-from graphflow.ops.small_gemm import BLOCK_ROWS, CHUNK_COLS, PANEL, matmul_nn, matmul_nt, wins
+from graphflow.ops.small_gemm import (
+    AHEAD,
+    BLOCK_ROWS,
+    CHUNK_COLS,
+    PANEL,
+    _later_panel,
+    matmul_nn,
+    matmul_nt,
+    wins,
+)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -49,6 +58,17 @@ def test_nn_blocks_of_b_add_up():
     assert matmul_nn(a.astype(np.float32), b.astype(np.float32), out) == cols
     want = a @ b
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("k, c", [(2 * BLOCK_ROWS + 44, 2 * CHUNK_COLS + PANEL),
+                                  (BLOCK_ROWS, 3 * PANEL), (7, PANEL)])
+def test_nn_prefetches_the_panel_it_takes_ahead_later(k, c):
+    # matmul_nn's visiting order of b's panels, written out: (chunk, row block, panel)
+    order = [(j0, k0, j) for j0 in range(0, c, CHUNK_COLS) for k0 in range(0, k, BLOCK_ROWS)
+             for j in range(j0, min(c, j0 + CHUNK_COLS), PANEL)]
+    for t, (j0, k0, j) in enumerate(order):
+        later = order[t + AHEAD] if t + AHEAD < len(order) else (j0, k0, j)  # the last: itself
+        assert _later_panel(j0, k0, j, c, k) == later[1:], (t, j0, k0, j)
 
 
 @pytest.mark.parametrize("kernel", ["nt", "nn"])
