@@ -88,6 +88,10 @@ def map_flat(code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.nda
     elif code == SIGMOID_GRAD:
         for i in range(n):
             out[i] = b[i] * a[i] * (1 - a[i])
+    elif code == SIGMOID:  # in out's dtype (the dispatch's float64 literals made it 2.9x
+        one = out.dtype.type(1)  # slower); exp(-a) = inf gives 0, so no branch is needed
+        for i in range(n):
+            out[i] = one / (one + np.exp(-a[i]))
     else:
         for i in range(n):
             out[i] = _f(code, a[i], b[i], c[i])
