@@ -4,10 +4,19 @@ import json
 
 import pytest
 
+from graphflow import prediction
 from graphflow.bench import speedup
+from graphflow.costmodel import CostModel
 from graphflow.models import digits_lc, speech_mlp
 from graphflow.partitioners import partition
-from graphflow.prediction import TIE, best_microbatches, microbatch_rate, weight_phase
+from graphflow.prediction import (
+    TIE,
+    best_microbatches,
+    early_weight_stages,
+    microbatch_rate,
+    predict,
+    weight_phase,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -84,6 +93,30 @@ def test_microbatch_rate():
     assert microbatch_rate(plan, 64, 4, _CallOverhead(0.0, 1e-6)) == pytest.approx(1.0)
     # a fixed cost as large as 16 rows' work: (f + 64 r) / (4 f + 64 r) with f = 16 r
     assert microbatch_rate(plan, 64, 4, _CallOverhead(16e-6, 1e-6)) == pytest.approx(80 / 128)
+
+
+def test_the_first_stage_weight_gemms_are_predicted_a_micro_batch_at_a_time(monkeypatch):
+    m = speech_mlp(batch=None)
+    for parts in (2, 3):  # only the first stage receives gradients and sends none
+        assert early_weight_stages(partition(m.graph, parts, "layerwise", loss=m.loss)) == {0}
+    assert early_weight_stages(partition(m.graph, 1, "layerwise", loss=m.loss)) == set()
+    plan = partition(m.graph, 2, "layerwise", loss=m.loss)
+    seen = {}
+
+    def simulate(kind, microbatches, forward, backward, weights, hops=()):
+        seen[microbatches] = list(weights)
+        return [0.0] * len(forward)
+    monkeypatch.setattr(prediction, "simulate", simulate)
+    # kernels that cost a fixed 10 ms a call: W work a micro-batch is 10 ms a weight gemm
+    calls = CostModel(flop_rates={"*": 1e15}, bandwidth_Bps=1e15, overhead_s=0.01)
+    for mb in (2, 4):
+        predict(plan, 64, mb, 1, cost=calls)
+    first, last = (len([n for n, w in weight_phase(plan).items() if w == s]) for s in (0, 1))
+    # the first stage's W runs a micro-batch at a time; the last's once over all of them
+    assert seen[2][0] == pytest.approx(first * 0.01, rel=1e-3)
+    assert seen[4][0] == pytest.approx(first * 0.01, rel=1e-3)
+    assert seen[2][1] == pytest.approx(last * 0.01 / 2, rel=1e-3)
+    assert seen[4][1] == pytest.approx(last * 0.01 / 4, rel=1e-3)
 
 
 def test_auto_picks_the_fewest_micro_batches_predicted_within_a_tie_of_the_best():
