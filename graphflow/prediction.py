@@ -12,12 +12,12 @@ from graphflow.costmodel import SOURCE_OPS, CostModel, Link
 from graphflow.ir import users_of
 from graphflow.models import Model
 from graphflow.partitioners import Plan, partition
-from graphflow.partitioners.plan import WorkerPlan
 from graphflow.runtime.pipeline import (
     check_linear,
     deferred_weight_nodes,
     is_backward,
     microbatch_rows,
+    runs_weights_early,
     simulate,
 )
 
@@ -119,13 +119,10 @@ def microbatch_rate(plan: Plan, batch: int, microbatches: int, cost: CostModel) 
 
 
 def early_weight_stages(plan: Plan) -> set[int]:
-    """The workers that run their W phase a micro-batch at a time, in the waits for a late
-    gradient (the worker's rule: a stage whose backward receives gradients but sends none, the
-    first), so their weight gemms run on micro-batches, not on the joined batch: at 32 rows
-    those of speech-mlp's first stage took 7.3 ms each, against 10.5 ms for 64."""
-    def backward(w: WorkerPlan, op: str) -> bool:
-        return any(n.op == op and is_backward(n) for n in w.graph.nodes)
-    return {w.index for w in plan.workers if backward(w, "recv") and not backward(w, "send")}
+    """The workers that run their W phase a micro-batch at a time (`pipeline.runs_weights_early`:
+    the first stage), so their weight gemms run on micro-batches, not on the joined batch: at
+    32 rows those of speech-mlp's first stage took 7.3 ms each, against 10.5 ms for 64."""
+    return {w.index for w in plan.workers if runs_weights_early(w.graph.nodes)}
 
 
 def weight_phase(plan: Plan) -> dict[str, int]:

@@ -21,7 +21,7 @@ the next micro-batch's gradient has not arrived yet, over the micro-batches done
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from graphflow.ir import Node
 
@@ -105,6 +105,14 @@ def is_backward(node: Node) -> bool:
     if node.op in ("send", "recv"):
         return str(node.attrs["key"]).startswith("grad/")
     return node.name.startswith("grad/")
+
+
+def runs_weights_early(nodes: Iterable[Node]) -> bool:
+    """Whether a stage runs its W phase a micro-batch at a time, in its cooldown while a
+    gradient is late (zero-bubble style): its backward receives gradients but sends none, so
+    filling its waits delays no one (the first stage)."""
+    backward = [n for n in nodes if is_backward(n)]
+    return any(n.op == "recv" for n in backward) and not any(n.op == "send" for n in backward)
 
 
 def check_linear(transfers: list[tuple[str, int, int]]) -> None:

@@ -102,7 +102,7 @@ class Worker:
         self.phases = {"FB": self.order, "W": weights,
                        "B": [n for n in self.order if n in backward and n not in weights],
                        "F": [n for n in self.order if n not in backward]}
-        self.early_weights = not any(n.op == "send" for n in self.phases["B"])
+        self.early_weights = pipeline.runs_weights_early(self.order)
         self.b_recvs = [n.attrs["key"] for n in self.phases["B"] if n.op == "recv"]
         # values of the F and B phases the deferred W phase reads, joined over micro-batches
         deferred = set(weights)
