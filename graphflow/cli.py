@@ -139,6 +139,9 @@ def _parser() -> argparse.ArgumentParser:
                        epilog="example: graphflow worker --listen tcp://10.0.0.2:5555")
     w.add_argument("--listen", required=True,
                    help="control address: tcp://HOST:PORT (or ipc:///PATH)")
+    w.add_argument("--exit-with-parent", type=int, default=None, metavar="PID",
+                   help="exit when process PID is gone (a driver sets it for its local "
+                        "workers)")
 
     ps = sub.add_parser("ps", help="serve one parameter-server shard",
                         description="Serve one parameter-server shard (normally the replica "
@@ -299,7 +302,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from graphflow.runtime.service import serve
 
-    serve(args.listen, announce=True, own_gc=True)
+    serve(args.listen, announce=True, own_gc=True, parent=args.exit_with_parent)
     return 0
 
 

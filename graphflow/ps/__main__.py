@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from graphflow.argtypes import count, non_negative
 from graphflow.errors import GraphflowError
+from graphflow.lifetime import exit_with_parent
 from graphflow.ps.server import serve_shard
 
 
@@ -43,13 +43,6 @@ def parser(prog: str = "python -m graphflow.ps") -> argparse.ArgumentParser:
     return p
 
 
-def _watch_parent(pid: int, stop: threading.Event) -> None:
-    while not stop.wait(0.5):
-        if os.getppid() != pid:
-            logging.getLogger("graphflow.ps").warning("parent %d is gone: exiting", pid)
-            stop.set()
-
-
 def main(argv: list[str] | None = None, prog: str = "python -m graphflow.ps") -> int:
     """Serve one shard; 0 after a clean stop, 1 when it could not start, 2 on bad arguments."""
     p = parser(prog)
@@ -62,8 +55,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m graphflow.ps") ->
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     if args.exit_with_parent is not None:
-        threading.Thread(target=_watch_parent, args=(args.exit_with_parent, stop),
-                         daemon=True).start()
+        gone = args.exit_with_parent
+        exit_with_parent(gone, stop, lambda: logging.getLogger("graphflow.ps").warning(
+            "parent %d is gone: exiting", gone))
 
     def ready(address: str) -> None:
         print(f"graphflow.ps: shard {args.index} of {args.shards} listening on {address}",

@@ -17,6 +17,7 @@ True
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -145,7 +146,8 @@ class Cluster:
             else:
                 address = f"ipc://{self._tmp}/control{i}"
                 self._procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "graphflow.cli", "worker", "--listen", address],
+                    [sys.executable, "-m", "graphflow.cli", "worker", "--listen", address,
+                     "--exit-with-parent", str(os.getpid())],
                     stderr=subprocess.DEVNULL, env=worker_env(self.local_workers)))
             addresses.append(address)
         return addresses

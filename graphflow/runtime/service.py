@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import zmq
 
+from graphflow.lifetime import exit_with_parent
 from graphflow.runtime.worker import Worker, make_optimizer, worker_name
 
 if TYPE_CHECKING:
@@ -246,10 +247,13 @@ class WorkerService:
 
 def serve(listen: str, context: zmq.Context | None = None,
           ready: threading.Event | None = None, announce: bool = False,
-          own_gc: bool = False) -> None:
-    """Answer control requests at `listen` until `shutdown`; `own_gc` when the worker is the
-    whole process (see WorkerService)."""
+          own_gc: bool = False, parent: int | None = None) -> None:
+    """Answer control requests at `listen` until `shutdown` (or until process `parent`, the
+    driver that started this one, is gone); `own_gc` when the worker is the whole process
+    (see WorkerService)."""
     service = WorkerService(context, own_gc)
+    if parent is not None:
+        exit_with_parent(parent, service.stop)
     with RpcServer(listen, context, copy_results=True) as server:
         if ready is not None:
             ready.set()

@@ -1,0 +1,65 @@
+"""A driver's local worker processes end with it, however it ends (here: SIGKILL, so nothing
+of its own runs to close them); a worker started by hand (no parent given) keeps serving."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from graphflow.lifetime import POLL_SECONDS, exit_with_parent
+
+DRIVER = """
+import os, sys, time
+import graphflow as gf
+from graphflow.partitioners import partition
+from graphflow.runtime import Cluster
+model = gf.models.digits_lc(batch=None)
+cluster = Cluster(partition(model.graph, 2, "spatial", loss=model.loss), mode="processes",
+                  timeout=60)
+print(" ".join(str(p.pid) for p in cluster._procs), flush=True)
+time.sleep(600)
+"""
+
+
+def gone(pid: int) -> bool:
+    """No such process, or only its zombie (exited; whoever adopted it has not reaped it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_local_workers_exit_when_their_driver_is_killed():
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, text=True)
+    try:
+        line = driver.stdout.readline()
+        workers = [int(p) for p in line.split()]
+        assert len(workers) == 2, f"driver printed {line!r}"
+        assert not any(gone(p) for p in workers)
+    finally:
+        driver.kill()
+        driver.wait(10)
+    deadline = time.monotonic() + 10 * POLL_SECONDS + 5.0
+    while not all(gone(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in workers if not gone(p)]
+    for p in left:  # do not leave them behind if the assertion fails
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"workers {left} outlived their driver"
+
+
+def test_exit_with_parent_stops_only_once_the_parent_is_gone():
+    stays = threading.Event()
+    exit_with_parent(os.getppid(), stays)
+    ended, calls = threading.Event(), []
+    exit_with_parent(-1, ended, lambda: calls.append("on_exit"))  # never anyone's parent
+    assert ended.wait(4 * POLL_SECONDS)
+    assert calls == ["on_exit"]
+    assert not stays.wait(3 * POLL_SECONDS)
+    stays.set()  # ends its watcher
