@@ -55,7 +55,7 @@ def test_reference_workload_to_svg_with_json_summary(tmp_path, capsys):
     (p,) = summary["plans"]
     assert summary["model"] == "lc-large" and p["strategy"] == "spatial" and p["parts"] == 4
     # x, y, lc1, relu, lc2, relu_1, to_nchw, flatten, fc, loss: a box per layer
-    assert p["nodes"] == 10 and p["transfers"] == 16 and len(p["workers"]) == 4
+    assert p["nodes"] == 10 and p["transfers"] == 14 and len(p["workers"]) == 4
     assert p["predicted_step_ms"] > 0
     assert len(svg_groups(parse_svg(out.read_text()), "node")) == 10
 
