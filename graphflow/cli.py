@@ -139,9 +139,9 @@ def _parser() -> argparse.ArgumentParser:
                        epilog="example: graphflow worker --listen tcp://10.0.0.2:5555")
     w.add_argument("--listen", required=True,
                    help="control address: tcp://HOST:PORT (or ipc:///PATH)")
-    w.add_argument("--exit-with-parent", type=int, default=None, metavar="PID",
-                   help="exit when process PID is gone (a driver sets it for its local "
-                        "workers)")
+    w.add_argument("--exit-with-parent", type=count, default=None, metavar="PID",
+                   help="exit once process PID has ended (a driver names itself for the "
+                        "workers it starts)")
 
     ps = sub.add_parser("ps", help="serve one parameter-server shard",
                         description="Serve one parameter-server shard (normally the replica "

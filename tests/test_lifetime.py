@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from graphflow.lifetime import POLL_SECONDS, exit_with_parent
+from graphflow.lifetime import POLL_SECONDS, exit_with_parent, is_gone
 
 DRIVER = """
 import os, sys, time
@@ -54,12 +54,31 @@ def test_local_workers_exit_when_their_driver_is_killed():
     assert not left, f"workers {left} outlived their driver"
 
 
-def test_exit_with_parent_stops_only_once_the_parent_is_gone():
+def test_exit_with_parent_stops_once_that_process_has_ended():
     stays = threading.Event()
     exit_with_parent(os.getppid(), stays)
+    ended_child = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended_child.wait(30)  # reaped: its pid names no process now
     ended, calls = threading.Event(), []
-    exit_with_parent(-1, ended, lambda: calls.append("on_exit"))  # never anyone's parent
+    exit_with_parent(ended_child.pid, ended, lambda: calls.append("on_exit"))
     assert ended.wait(4 * POLL_SECONDS)
     assert calls == ["on_exit"]
     assert not stays.wait(3 * POLL_SECONDS)
     stays.set()  # ends its watcher
+
+
+def test_a_live_process_that_is_not_the_parent_is_not_gone():
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert not is_gone(other.pid, was_parent=False)
+        assert is_gone(other.pid, was_parent=True)  # it is not this process's parent
+    finally:
+        other.kill()
+        other.wait(10)
+    assert is_gone(other.pid, was_parent=False)
+
+
+@pytest.mark.parametrize("pid", [0, -1])
+def test_exit_with_parent_refuses_pids_that_name_groups(pid):
+    with pytest.raises(ValueError, match="pid must be positive"):
+        exit_with_parent(pid, threading.Event())

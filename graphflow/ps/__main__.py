@@ -38,7 +38,7 @@ def parser(prog: str = "python -m graphflow.ps") -> argparse.ArgumentParser:
                    help="write a checkpoint every N applied updates (0: not by count)")
     p.add_argument("--checkpoint-seconds", type=float, default=0.0,
                    help="write a checkpoint every T seconds when something changed (0: never)")
-    p.add_argument("--exit-with-parent", type=int, default=None, metavar="PID",
+    p.add_argument("--exit-with-parent", type=count, default=None, metavar="PID",
                    help="exit when process PID is gone (set by start_shard_process)")
     return p
 
