@@ -9,26 +9,26 @@ from graphflow.partitioners import Plan, partition
 def test_spatial_workers_are_fed_their_rows_of_the_image_only(tmp_path):
     m = gf.models.lc_large(batch=None)
     plan = partition(m.graph, 2, "spatial", loss=m.loss)
-    # lc1 (7x7, stride 2) output rows 0-12 read image rows 0-30; rows 13-28 read rows 26-62
-    assert plan.feeds == {0: {"x": (2, 0, 31)}, 1: {"x": (2, 26, 63)}}
+    # lc1 (7x7, stride 2) output rows 0-11 read image rows 0-28; rows 12-28 read rows 24-62
+    assert plan.feeds == {0: {"x": (2, 0, 29)}, 1: {"x": (2, 24, 63)}}
     x = np.random.default_rng(0).standard_normal((4, 3, 64, 64), dtype=np.float32)
     y = np.zeros(4, np.int32)
     fed = [plan.worker_feeds(i, {"x": x, "y": y}) for i in range(2)]
-    assert np.array_equal(fed[0]["x"], x[:, :, 0:31]) and fed[0]["x"].flags.c_contiguous
-    assert np.array_equal(fed[1]["x"], x[:, :, 26:63])
+    assert np.array_equal(fed[0]["x"], x[:, :, 0:29]) and fed[0]["x"].flags.c_contiguous
+    assert np.array_equal(fed[1]["x"], x[:, :, 24:63])
     assert fed[0]["y"] is y and "y" not in fed[1]  # the loss is on worker 0
     assert sum(f["x"].nbytes for f in fed) < 1.1 * x.nbytes  # not the whole batch twice
     assert [w.fed_bytes(4) for w in plan.workers] == [sum(v.nbytes for v in f.values())
                                                       for f in fed]
     # worker 0's slice took all it is fed, so it is gone. Worker 1 holds two blocks (the
-    # halo rows worker 0 reads, then the rest): it lays out all its 37 rows once, and the
-    # blocks take rows 0-12 and 8-36 of that (views: rows of HWCN are contiguous)
+    # halo rows worker 0 reads, then the rest): it lays out all its 39 rows once, and the
+    # blocks take rows 0-14 and 10-38 of that (views: rows of HWCN are contiguous)
     g0, g1 = (w.graph for w in plan.workers)
-    assert g0["x"].shape == (None, 3, 31, 64) and "lc1/local2d/in0" not in g0
-    assert g1["x"].shape == (None, 3, 37, 64)
+    assert g0["x"].shape == (None, 3, 29, 64) and "lc1/local2d/in0" not in g0
+    assert g1["x"].shape == (None, 3, 39, 64)
     assert not [n for n in g1.nodes if n.op == "slice" and n.inputs[0].name == "x"]
     assert [(n.attrs["begin"][0], n.attrs["end"][0]) for n in g1.nodes
-            if n.op == "slice" and n.inputs[0].op == "transpose"] == [(0, 13), (8, 37)]
+            if n.op == "slice" and n.inputs[0].op == "transpose"] == [(0, 15), (10, 39)]
     path = tmp_path / "plan.json"
     plan.save(path)
     assert Plan.load(path).feeds == plan.feeds

@@ -9,7 +9,7 @@ from its transfers, so a test can check one against the other.
 >>> m = gf.models.lc_large(batch=None)
 >>> lc1, lc2 = spatial_layers(gf.partition(m.graph, 4, "spatial", loss=m.loss), batch=64)
 >>> sorted(set(lc2.out_grid.ravel().tolist())), lc2.halo_cells, lc1.halo_cells
-([0, 1, 2, 3], 319, 0)
+([0, 1, 2, 3], 377, 0)
 """
 
 from __future__ import annotations
