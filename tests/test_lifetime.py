@@ -1,6 +1,7 @@
 """A driver's local worker processes end with it, however it ends (here: SIGKILL, so nothing
-of its own runs to close them); a worker started by hand (no parent given) keeps serving."""
+of its own runs to close them), and with a cluster the driver dropped without closing."""
 
+import gc
 import os
 import signal
 import subprocess
@@ -10,7 +11,10 @@ import time
 
 import pytest
 
+import graphflow as gf
 from graphflow.lifetime import POLL_SECONDS, exit_with_parent, is_gone
+from graphflow.partitioners import partition
+from graphflow.runtime import Cluster
 
 DRIVER = """
 import os, sys, time
@@ -52,6 +56,19 @@ def test_local_workers_exit_when_their_driver_is_killed():
     for p in left:  # do not leave them behind if the assertion fails
         os.kill(p, signal.SIGKILL)
     assert not left, f"workers {left} outlived their driver"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_cluster_dropped_without_close_ends_its_workers():
+    model = gf.models.digits_lc(batch=None)
+    cluster = Cluster(partition(model.graph, 2, "spatial", loss=model.loss), mode="processes",
+                      timeout=60)
+    workers, sockets = [p.pid for p in cluster._procs], cluster._tmp
+    assert not any(gone(p) for p in workers)
+    del cluster
+    gc.collect()
+    assert all(gone(p) for p in workers)
+    assert not os.path.exists(sockets)
 
 
 def test_exit_with_parent_stops_once_that_process_has_ended():

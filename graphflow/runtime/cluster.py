@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import partial
@@ -57,6 +58,16 @@ SECONDARY = (f"{PeerTimeout.__name__}:", f"{PeerFailed.__name__}:")
 def reply_grace(timeout: float) -> float:
     """Seconds the driver waits for a reply beyond the workers' own `timeout`."""
     return max(1.0, 0.2 * timeout)
+
+
+def _reap(procs: list[subprocess.Popen[bytes]], tmp: str | None) -> None:
+    """Kill the worker processes still running and remove the cluster's socket directory."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class WorkerFailed(GraphflowError):
@@ -105,6 +116,9 @@ class Cluster:
         self.local_workers = local_workers or plan.parts
         self._blas_limited = mode == "threads" and BLAS_LIMIT.acquire(self.local_workers)
         self._procs: list[subprocess.Popen[bytes]] = []
+        # a cluster dropped without close still ends its worker processes (when collected, or
+        # at the interpreter's exit); a killed driver's workers end by themselves (lifetime.py)
+        self._reap = weakref.finalize(self, _reap, self._procs, self._tmp)
         self.step_count = 0
         self._feed_buffers = FeedBuffers(reuse=mode != "threads")
         self._finished = 0.0  # when the last step's replies were all in
@@ -371,13 +385,11 @@ class Cluster:
             try:
                 p.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+                pass  # killed next
+        self._reap()
         if self._blas_limited:
             BLAS_LIMIT.release(self.local_workers)
             self._blas_limited = False
-        if self._tmp:
-            shutil.rmtree(self._tmp, ignore_errors=True)
 
     def __enter__(self) -> Cluster:
         return self
