@@ -116,7 +116,7 @@ def test_no_worker_computes_a_value_nothing_reads(workload, parts):
 
 
 @pytest.mark.parametrize("parts", [2, 3, 4, 5])
-def test_row_blocks_cover_every_row_within_a_row_of_even(parts):
+def test_row_blocks_cover_every_row_within_slack_rows_of_even(parts):
     model = gf.models.lc_large()
     rows = balanced_rows(model.graph, parts)
     assert {n.name for n in rows} == {"lc1/local2d", "lc2/local2d"}
