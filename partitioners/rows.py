@@ -35,6 +35,7 @@ ELEMENTWISE_PASSES = 3
 # A layer's gradients in forward passes (timed here on lc-large's local2d kernels: the weight
 # gradient 1.41-1.43x the forward, the input gradient 1.16x).
 WEIGHT_GRAD_PASSES, INPUT_GRAD_PASSES = 1.4, 1.2
+SLACK = 2  # rows a block may be off an even split of its layer (beyond the rounding)
 
 
 def row_seconds(n: Node, cost: CostModel, batch: int = 64) -> float:
@@ -73,9 +74,6 @@ def balanced_rows(graph: Graph, parts: int,
         edges = np.concatenate([[0], np.cumsum(sizes[n])])
         out[n] = [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
     return out
-
-
-SLACK = 2  # rows a block may be off an even split of its layer (beyond the rounding)
 
 
 def _even_out(sizes: dict[Node, np.ndarray], per_row: dict[Node, float],
