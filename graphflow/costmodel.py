@@ -87,6 +87,7 @@ class Prediction:
     bytes_in: list[int]
     bytes_out: list[int]
     transfers: list[Transfer] = field(default_factory=list)
+    finish: list[float] = field(default_factory=list)  # when each worker ends (its update done)
 
     def __str__(self) -> str:
         rows = [f"step {self.step_seconds * 1e3:.3f} ms, {len(self.transfers)} transfers"]
@@ -313,13 +314,31 @@ class CostModel:
         slow = {n: 1.0 + (contention - 1.0) * _shared_fraction(spans, n) for n in spans}
         return self._simulate(graph, where, batch, link, slow, shared)[0]
 
+    def stream_seconds(self, graph: Graph, placement: Mapping[str, int],
+                       batch: int | None = None, steps: int = 4) -> float:
+        """Seconds per step in a stream of steps (`Cluster.stream`), each worker starting the
+        next step once it has updated its parameters: the last of `steps` simulated steps. A
+        busier worker starts each step later, so what it waits for costs the stream a wait
+        that one step from a common start (`predict`) may not show."""
+        batch = batch or self.batch
+        where = {n: placement[n.name] for n in graph.nodes}
+        start = [0.0] * (max(where.values(), default=0) + 1)
+        ends = [0.0]
+        for _ in range(steps):
+            start = self._simulate(graph, where, batch, self.link, {}, starts=start)[0].finish
+            ends.append(max(start))
+        return ends[-1] - ends[-2]
+
     def _simulate(self, graph: Graph, where: Mapping[Node, int], batch: int, link: Link,
-                  slow: Mapping[Node, float], shared: bool = False
+                  slow: Mapping[Node, float], shared: bool = False,
+                  starts: Sequence[float] | None = None
                   ) -> tuple[Prediction, dict[Node, tuple[int, float, float]]]:
         """The list scheduling of `predict`, node durations times `slow`, updates that
-        overlap sharing the memory when `shared`; also each node's (worker, start, end)."""
+        overlap sharing the memory when `shared`, worker w starting at `starts[w]` (default 0);
+        also each node's (worker, start, end)."""
         workers = max(where.values(), default=0) + 1
-        free, link_free, busy = [0.0] * workers, [0.0] * workers, [0.0] * workers
+        begin = list(starts) if starts is not None else [0.0] * workers
+        free, link_free, busy = list(begin), list(begin), [0.0] * workers
         bytes_in, bytes_out = [0] * workers, [0] * workers
         dests: dict[Node, set[int]] = {n: set() for n in graph.nodes}
         for n in graph.nodes:
@@ -332,7 +351,8 @@ class CostModel:
         for n in graph.toposort():
             if n.op in LOCAL_OPS:
                 continue
-            w, end = where[n], 0.0
+            w = where[n]
+            end = begin[w]  # a parameter is there when its worker starts the step
             if n.op != "parameter":
                 start = max([free[w], *(0.0 if x.op in LOCAL_OPS else ready[x, w]
                                         for x in n.inputs)])
@@ -357,7 +377,7 @@ class CostModel:
             free[w] += seconds
             busy[w] += seconds
         step = max([*ready.values(), *free], default=0.0)
-        return Prediction(step, busy, bytes_in, bytes_out, transfers), spans
+        return Prediction(step, busy, bytes_in, bytes_out, transfers, free), spans
 
 
 def _shared_fraction(spans: Mapping[Node, tuple[int, float, float]], n: Node) -> float:

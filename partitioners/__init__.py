@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from graphflow.autodiff import gradients
+from graphflow.costmodel import CostModel
 from graphflow.ir import Graph, Node
 from graphflow.partitioners import layerwise, manual, mincut, spatial
 from graphflow.partitioners.plan import Plan, Transfer, WorkerPlan
+from graphflow.partitioners.recompute import recompute_relays
 from graphflow.partitioners.split import split
 from graphflow.serialize import graph_from_dict, graph_to_dict
 
@@ -24,6 +26,10 @@ REWRITING: dict[str, Strategy] = {"spatial": spatial.place}
 PLACING: dict[str, Strategy] = {"manual": manual.place, "layerwise": layerwise.place,
                                 "mincut": mincut.place}
 STRATEGIES = sorted([*REWRITING, *PLACING])
+# Strategies whose plans reduce per-worker parts on one worker and send the result back, where
+# recomputing the reduction saves round trips (partitioners/recompute.py). A pipeline's stages
+# stay as placed.
+RECOMPUTING = {"spatial"}
 
 
 def partition(graph: Graph, parts: int, strategy: str = "spatial", loss: Node | None = None,
@@ -50,6 +56,8 @@ def partition(graph: Graph, parts: int, strategy: str = "spatial", loss: Node | 
         g, placement = PLACING[strategy](g, parts, cost)
     for param, grad in grads.items():  # the update runs where the parameter lives
         placement[grad] = placement[param]
+    if strategy in RECOMPUTING:
+        placement = recompute_relays(g, placement, cost if isinstance(cost, CostModel) else None)
     plan = split(g, placement, parts, strategy)
     plan.loss = loss.name if loss is not None else None
     plan.grads = grads

@@ -204,3 +204,16 @@ def test_calibration_smoke_and_cache(tmp_path, monkeypatch):
     assert 0 < cm.update_shared_Bps and again.update_shared_Bps == cm.update_shared_Bps
     n = m.graph["lc2/local2d"]
     assert again.node_seconds(n) == cm.node_seconds(n, 8)
+
+
+def test_a_stream_of_steps_overlaps_them_each_worker_starting_when_its_own_step_ends():
+    with gf.Graph() as g:
+        x = gf.placeholder("x", (None, 1000))
+        gf.add(gf.neg(x, name="a"), gf.neg(x, name="c"), name="d")
+    cm = _model({"a": 1.0, "c": 3.0, "d": 1.0}, bandwidth=1e18)
+    placement = {"x": 0, "a": 0, "c": 1, "d": 0}
+    # one step: worker 0 runs a, waits for c (3 s) and runs d: 4 s. In a stream, worker 1
+    # starts its next c as soon as it has sent this one, so a step takes its 3 s
+    assert cm.predict(g, placement).step_seconds == pytest.approx(4.0)
+    assert cm.stream_seconds(g, placement) == pytest.approx(3.0)
+    assert cm.stream_seconds(g, dict.fromkeys(placement, 0)) == pytest.approx(5.0)

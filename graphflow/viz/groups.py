@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 
+from graphflow.partitioners.recompute import original_name
+
 GRAD = "grad/"
 # Suffixes the spatial partitioner appends to the node it splits (see partitioners/spatial.py).
 _PIECE = re.compile(r"/(?:(?:part|in|pad|sum|on)\d+|(?:rows|in)\d+to\d+(?:on\d+)?|gathered)$")
@@ -51,5 +53,6 @@ def scope_of(name: str) -> str:
 
 
 def layer_of(name: str, forward: Collection[str]) -> str:
-    """The layer of node `name`, given the names of the graph's forward nodes."""
-    return scope_of(unsplit_name(forward_name(name, forward)))
+    """The layer of node `name`, given the names of the graph's forward nodes (a node's copy on
+    another worker, `loss@w1`, belongs to the node's layer)."""
+    return scope_of(unsplit_name(forward_name(original_name(name), forward)))
