@@ -8,7 +8,7 @@ parameter-server shard uses the same object on the slices it holds.
 >>> opt = Adagrad(lr=0.1)
 >>> w = np.ones(3, np.float32)
 >>> opt.update("w", w, np.full(3, 2.0, np.float32))
->>> np.round(w, 3).tolist()
+>>> [round(float(v), 3) for v in w]
 [0.9, 0.9, 0.9]
 """
 

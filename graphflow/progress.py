@@ -8,8 +8,14 @@ from typing import TextIO
 
 
 class Progress:
-    """>>> with Progress(100, "train") as bar:  # doctest: +SKIP
-    ...     bar.update(loss=0.5)
+    """A progress bar on stderr: redrawn in place on a terminal, a line per tenth otherwise.
+
+    >>> import io
+    >>> out = io.StringIO()
+    >>> with Progress(10, "train", stream=out) as bar:
+    ...     bar.update(10, loss=0.5)
+    >>> out.getvalue().startswith("train")
+    True
     """
 
     def __init__(self, total: int, label: str = "", stream: TextIO | None = None,

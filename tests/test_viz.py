@@ -186,16 +186,6 @@ def test_compare_draws_each_strategy_with_its_predicted_step(tmp_path):
     assert (tmp_path / "cmp.dot").read_text().count("subgraph cluster_") == 3
 
 
-def test_docstring_examples():
-    import doctest
-    import pkgutil
-
-    import graphflow.viz
-
-    for info in pkgutil.iter_modules(graphflow.viz.__path__):
-        if info.name != "__main__":
-            module = importlib.import_module(f"graphflow.viz.{info.name}")
-            assert doctest.testmod(module).failed == 0, info.name
 
 
 def test_a_split_layer_shows_every_worker_it_spans():
