@@ -61,7 +61,7 @@ def _copy_one(graph: Graph, where: dict[str, int], cost: CostModel, batch: int, 
     predicted step, or None when no candidate is left."""
     order = graph.toposort()
     users = users_of(order)
-    late = _late(order, where)
+    late = _late(order, where, cost, batch, SHARE * best)
     for n in users:
         a = where[n.name]
         readers = {where[u.name] for u in users[n]}
@@ -110,24 +110,26 @@ def _after_originals(graph: Graph) -> None:
     graph.nodes = order
 
 
-def _late(order: list[Node], where: Mapping[str, int]) -> set[Node]:
-    """The nodes computed from a value their worker receives (through nodes of that worker)."""
+def _late(order: list[Node], where: Mapping[str, int], cost: CostModel, batch: int,
+          budget: float) -> set[Node]:
+    """The cheap nodes (`budget` seconds at most) a worker computes from a value it receives,
+    directly or through other such nodes of its own: the nodes a relay passes through."""
     late: set[Node] = set()
     for n in order:
         w = where[n.name]
-        if any(x in late or x.op not in SOURCES and where[x.name] != w for x in n.inputs):
+        if n.op in SOURCES or cost.node_seconds(n, batch) > budget:
+            continue
+        if any(x.op not in SOURCES and (where[x.name] != w or x in late) for x in n.inputs):
             late.add(n)
     return late
 
 
 def _relay_cone(n: Node, a: int, where: Mapping[str, int], late: set[Node], cost: CostModel,
                 batch: int, budget: float) -> list[Node]:
-    """The nodes on worker `a` that `n` is computed from, back to its inputs that are not
-    `late` (those are sent as soon as they are made), if `n` is late, they cost `budget`
-    seconds at most and the values they read from `a` hold at most twice the bytes of `n`;
-    else []. The cone grows into a late input only if it costs `budget` at most and its own
-    inputs on `a` hold at most twice its bytes (a matmul of the features stays behind and its
-    small product is sent; a bias add joins)."""
+    """The `late` nodes on worker `a` that `n` is computed from, if `n` is late, they cost
+    `budget` seconds at most together and the values they read from `a` hold at most twice the
+    bytes of `n`; else []. The cone grows into a late input only if that input's own inputs on
+    `a` hold at most twice its bytes (a bias add joins; a reduction of a large value stays)."""
     if n not in late:
         return []
     cone, stack, seen = [], [n], {n}
@@ -138,8 +140,7 @@ def _relay_cone(n: Node, a: int, where: Mapping[str, int], late: set[Node], cost
             if y in seen or y not in late or where[y.name] != a:
                 continue
             seen.add(y)
-            if (cost.node_seconds(y, batch) <= budget
-                  and _bytes_from(y, a, where, seen, batch) <= 2 * tensor_bytes(y, batch)):
+            if _bytes_from(y, a, where, seen, batch) <= 2 * tensor_bytes(y, batch):
                 stack.append(y)
     inside = set(cone)
     reads = sum(_bytes_from(x, a, where, inside, batch) for x in cone)
