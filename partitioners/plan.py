@@ -17,6 +17,7 @@ import numpy as np
 from graphflow.init import assemble_blocks
 from graphflow.ir import Graph, Shape
 from graphflow.ops.registry import concrete, node_cost
+from graphflow.partitioners.recompute import original_name
 from graphflow.serialize import graph_from_dict, graph_to_dict
 
 FORMAT = "graphflow.plan/1"
@@ -156,6 +157,9 @@ class Plan:
                          f"{s.flops / 1e9:>8.3f} {s.param_bytes / 1e6:>10.2f} "
                          f"{s.bytes_in / 1e6:>8.2f} {s.bytes_out / 1e6:>8.2f} "
                          f"{1e3 * prediction.busy[s.index]:>8.1f}")
+        copies = [n.name for n in self.graph if original_name(n.name) != n.name]
+        if copies:  # see partitioners/recompute.py
+            lines.append(f"recomputed instead of received: {', '.join(copies)}")
         lines.append(f"predicted step: {1e3 * prediction.step_seconds:.1f} ms")
         return "\n".join(lines)
 

@@ -74,6 +74,7 @@ def test_spatial_lc_large_computes_the_loss_on_both_workers():
     assert not any(k.startswith("grad/loss") for k in keys)  # no round trip for the gradient
     assert {"fc/matmul/part0->w1", "fc/matmul/part1->w0", "fc/b->w1"} <= keys
     assert plan.worker_of("loss") == 0 and plan.loss == "loss"  # the fetched loss is worker 0's
+    assert "recomputed instead of received: fc/matmul/sum1@w1, fc/add@w1, loss@w1" in str(plan)
     again = Plan.from_dict(plan.to_dict())  # copies come after their inputs in a saved plan
     assert [n.name for n in again.graph] == [n.name for n in plan.graph]
 
