@@ -27,15 +27,17 @@ def run_map(code: int, ins: Sequence[np.ndarray], out_shape: tuple[int, ...] | N
             dtype: np.dtype | None = None) -> np.ndarray:
     """Apply elementwise `code` to up to three broadcast operands into a new array."""
     if out_shape is None:
-        out_shape = np.broadcast_shapes(*(x.shape for x in ins))
+        same = all(x.shape == ins[0].shape for x in ins)
+        out_shape = ins[0].shape if same else np.broadcast_shapes(*(x.shape for x in ins))
     dtype = dtype or ins[0].dtype
     out = np.empty(out_shape, dtype)
     args = [np.asarray(x, dtype) for x in ins]
     args += [args[0]] * (3 - len(args))
     if all(x.shape == out.shape and x.flags.c_contiguous for x in args):
         K.map_flat(code, *(x.reshape(-1) for x in args), out.reshape(-1))
-    else:
-        K.map_6d(code, *K.as_6d(*(np.broadcast_to(x, out.shape) for x in args), out))
+    else:  # (a small op's time is mostly this Python: broadcast only what needs it)
+        args = [x if x.shape == out.shape else np.broadcast_to(x, out.shape) for x in args]
+        K.map_6d(code, *K.as_6d(*args, out))
     return out
 
 

@@ -202,6 +202,7 @@ def as_6d(*views: np.ndarray) -> list[np.ndarray]:
     if len(shape) > MAX_DIMS:
         raise ValueError(f"strided kernels handle at most {MAX_DIMS} non-mergeable dims, "
                          f"got shape {views[0].shape}")
-    pad = MAX_DIMS - len(shape)
-    return [np.lib.stride_tricks.as_strided(v, (1,) * pad + tuple(shape), (0,) * pad + tuple(st))
-            for v, st in zip(views, strides, strict=True)]
+    # numpy makes these views itself (a few times faster than as_strided), merging exactly the
+    # dims merged above; copy=False raises rather than write into a copy
+    full = (1,) * (MAX_DIMS - len(shape)) + tuple(shape)
+    return [v.reshape(full, copy=False) for v in views]
