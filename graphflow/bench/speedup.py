@@ -95,13 +95,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=csv_counts, default=[1, 2],
                    help="worker counts, comma-separated; 1 is always measured (default 1,2)")
     p.add_argument("--steps", type=count, default=None,
-                   help="timed steps (rounds) per point (20: a median of a few steps swings by "
-                        "a tenth on a shared machine)")
+                   help="timed rounds per point (8: a median of a few rounds swings by a "
+                        "tenth on a shared machine)")
     p.add_argument("--window", type=count, default=None,
                    help="steps per timed stretch: a cluster runs them as one stream, as "
                         "training does (Cluster.stream: a worker starts the next step once "
                         "its part of this one is done), and a step's time is the stretch's "
-                        "over the count; 1 times steps one by one (4)")
+                        "over the count; 1 times steps one by one (16: a stream's first step "
+                        "waits for the whole pipeline, once per stretch, where training pays "
+                        "it once per run)")
     p.add_argument("--warmup", type=non_negative, default=None, help="untimed steps per point (2)")
     p.add_argument("--batch", type=count, default=None, help="mini-batch size (64)")
     p.add_argument("--mode", choices=("processes", "threads"), default="processes",
@@ -128,7 +130,7 @@ def parser() -> argparse.ArgumentParser:
 
 def _settle(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     """Fill the defaults that --quick changes and check the numbers."""
-    for key, quick, full in (("steps", 1, 20), ("window", 2, 4), ("warmup", 1, 2),
+    for key, quick, full in (("steps", 1, 8), ("window", 2, 16), ("warmup", 1, 2),
                              ("batch", 8, 64), ("microbatches", 2, "auto")):
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
