@@ -136,6 +136,9 @@ class Graph:
 
         attrs = dict(attrs or {})
         source = user_source_line()
+        if name is not None and "@" in name:  # partitioners/recompute.py names copies so
+            raise GraphError(f"{op} '{name}' ({source}): a name may not hold '@', which marks "
+                             "a node's copy on another worker (loss@w1)")
         full = self.new_name(name or op, explicit=name is not None)
         node = Node(op, full, tuple(inputs), attrs, (), "", device or self.current_device,
                     source, self)

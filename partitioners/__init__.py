@@ -56,9 +56,8 @@ def partition(graph: Graph, parts: int, strategy: str = "spatial", loss: Node | 
         g, placement = PLACING[strategy](g, parts, cost)
     for param, grad in grads.items():  # the update runs where the parameter lives
         placement[grad] = placement[param]
-    if strategy in RECOMPUTING:  # the built-in costs unless given: the same plan everywhere
-        model = cost if isinstance(cost, CostModel) else CostModel.builtin()
-        placement = recompute_relays(g, placement, model)
+    if strategy in RECOMPUTING:
+        placement = recompute_relays(g, placement, cost if isinstance(cost, CostModel) else None)
     plan = split(g, placement, parts, strategy)
     plan.loss = loss.name if loss is not None else None
     plan.grads = grads

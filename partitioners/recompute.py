@@ -41,11 +41,12 @@ def recompute_relays(graph: Graph, placement: Mapping[str, int], cost: CostModel
     A tensor n that worker a sends to b gets a copy on b when: n is computed on a from a value a
     received; a reads n too (so none of a's work goes unused); the nodes behind n on a, back to
     values that are not late, cost at most SHARE of the step and read from a at most twice the
-    bytes of n; and the cost model predicts a stream of steps no slower with the copies. No
+    bytes of n; and the cost model (default: the built-in one, so that a plan is the same on
+    every machine) predicts a stream of steps no slower with the copies. No
     slower, not faster: a copy never makes n later on b, which would wait for a's inputs
     anyway, but the model prices a hop at the link's idle latency and may not see the gain (in
     traces on this 2-core machine a hop took 0.5-0.6 ms under load, against 0.1 ms idle)."""
-    cost = cost or CostModel.default(batch)
+    cost = cost or CostModel.builtin(batch)
     where = dict(placement)
     best = cost.stream_seconds(graph, where, batch)
     tried: set[tuple[str, int]] = set()

@@ -79,6 +79,13 @@ def test_spatial_lc_large_computes_the_loss_on_both_workers():
     assert [n.name for n in again.graph] == [n.name for n in plan.graph]
 
 
+def test_user_names_cannot_look_like_copies():
+    with gf.Graph():
+        x = gf.placeholder("x", (None, 4))
+        with pytest.raises(gf.GraphError, match="'a@w1'.*may not hold '@'"):
+            gf.relu(x, name="a@w1")
+
+
 @pytest.mark.parametrize("strategy", ["layerwise", "mincut"])
 def test_other_strategies_keep_their_placement(strategy):
     m = gf.models.lc_large(batch=None)
