@@ -28,6 +28,7 @@ from math import prod
 from graphflow.argtypes import count, microbatch_count, non_negative
 from graphflow.errors import GraphflowError
 from graphflow.runtime.heap import keep_freed_memory
+from graphflow.runtime.pipeline import SCHEDULES
 
 
 def _version() -> str:
@@ -82,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--microbatches", type=microbatch_count, default=1,
                    help="pipeline each batch in this many micro-batches (layerwise plans), "
                         "or auto: the count of 2, 4, 8 with the shortest predicted step")
-    m.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"])
+    m.add_argument("--schedule", default="1f1b", choices=list(SCHEDULES))
     d = t.add_argument_group("data parallelism (parameter server)")
     d.add_argument("--replicas", type=count, default=1,
                    help="model replicas sharing a sharded parameter server (default 1: none)")

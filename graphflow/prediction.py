@@ -12,6 +12,7 @@ from graphflow.costmodel import SOURCE_OPS, CostModel, Link
 from graphflow.ir import users_of
 from graphflow.models import Model
 from graphflow.partitioners import Plan, partition
+from graphflow.runtime.backlog import weight_groups
 from graphflow.runtime.pipeline import (
     check_linear,
     deferred_weight_nodes,
@@ -46,25 +47,28 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
         return dispatch + p.step_seconds
     whole = cost or CostModel.calibrate(plan.graph, batch, repeats)
     side_by_side = contention if plan.parts > 1 else 1.0
-    work = {phase: [0.0] * plan.parts for phase in "FBW"}
+    work = {phase: [0.0] * plan.parts for phase in "FB"}
     update = [0.0] * plan.parts
-    weights = weight_phase(plan)
+    groups = weight_groups_by_worker(plan)
+    group_of = {name: (w, i) for w, gs in groups.items() for i, g in enumerate(gs) for name in g}
+    w_work = [[0.0] * len(groups[w]) for w in range(plan.parts)]  # per worker and W group
     early = early_weight_stages(plan)
     for n in plan.graph.nodes:
         w = plan.placement[n.name]
         if n.op == "parameter":
             update[w] += cm.update_seconds(n)
-        elif n.name in weights and w in early:  # a micro-batch's W while a gradient is late
-            work["W"][w] += side_by_side * cm.node_seconds(n, mb)
-        elif n.name in weights:  # W runs once over the joined micro-batches
-            work["W"][w] += side_by_side * whole.node_seconds(n, batch) / microbatches
+        elif n.name in group_of and w in early:  # a micro-batch's W while a gradient is late
+            w_work[w][group_of[n.name][1]] += side_by_side * cm.node_seconds(n, mb)
+        elif n.name in group_of:  # W runs once over the joined micro-batches
+            w_work[w][group_of[n.name][1]] += (side_by_side * whole.node_seconds(n, batch)
+                                               / microbatches)
         elif n.op not in SOURCE_OPS:
             work["B" if is_backward(n) else "F"][w] += side_by_side * cm.node_seconds(n, mb)
     hops = [0.0] * (plan.parts - 1)
     for t in plan.transfers:  # a micro-batch's tensors between neighbouring stages
         lo = min(t.src, t.dst)
         hops[lo] = max(hops[lo], link.seconds(t.nbytes(mb)))
-    ends = simulate(schedule, microbatches, work["F"], work["B"], work["W"], hops)
+    ends = simulate(schedule, microbatches, work["F"], work["B"], w_work, hops)
     if contention > 1.0:  # the stages share one machine's memory
         update = cm.concurrent_updates(ends, update)
     return dispatch + max(end + u for end, u in zip(ends, update, strict=True))
@@ -127,12 +131,20 @@ def early_weight_stages(plan: Plan) -> set[int]:
 
 def weight_phase(plan: Plan) -> dict[str, int]:
     """node name -> worker, for the nodes a pipelined worker leaves to its W phase."""
-    out: dict[str, int] = {}
+    return {name: w for w, groups in weight_groups_by_worker(plan).items()
+            for g in groups for name in g}
+
+
+def weight_groups_by_worker(plan: Plan) -> dict[int, list[list[str]]]:
+    """Per worker, the node names of its W phase's groups (runtime/backlog.py), as it runs
+    them; a worker's own copies of nodes (recomputed, not in `plan.graph`) left out."""
+    out: dict[int, list[list[str]]] = {}
     for w in plan.workers:
         order = w.graph.toposort()
         grads = {w.graph[g] for g in plan.grads.values() if g in w.graph}
-        out.update({n.name: w.index for n in deferred_weight_nodes(order, users_of(order), grads)
-                    if n.name in plan.graph})
+        deferred = deferred_weight_nodes(order, users_of(order), grads)
+        named = ([n.name for n in g if n.name in plan.graph] for g in weight_groups(deferred))
+        out[w.index] = [g for g in named if g]
     return out
 
 

@@ -7,6 +7,7 @@ from graphflow.ir import users_of
 from graphflow.partitioners import partition
 from graphflow.runtime.pipeline import (
     ALL,
+    SCHEDULES,
     check_linear,
     deferred_weight_nodes,
     schedule,
@@ -14,7 +15,7 @@ from graphflow.runtime.pipeline import (
 )
 
 
-@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("kind", SCHEDULES)
 @pytest.mark.parametrize("stages,microbatches", [(1, 1), (2, 4), (4, 4), (4, 8), (3, 2)])
 def test_every_stage_runs_each_microbatch_forward_then_backward(kind, stages, microbatches):
     for stage in range(stages):
@@ -45,6 +46,16 @@ def test_1f1b_holds_at_most_stages_microbatches_gpipe_all():
     for stage in range(stages):
         assert _alive(schedule("gpipe", stage, stages, microbatches)) == microbatches
         assert _alive(schedule("1f1b", stage, stages, microbatches)) == stages - stage
+        # twice 1F1B's warm-up: a micro-batch's round trip through the later stages
+        assert _alive(schedule("eager", stage, stages, microbatches)) == 2 * (stages - stage) - 1
+
+
+def test_eager_first_stage_runs_its_forwards_before_the_first_gradient_comes():
+    # 2 stages, 3 micro-batches: 1F1B puts F2 after B0, so stage 0 idles while stage 1 runs
+    # micro-batch 0 forward and back (speech-mlp: 9.7 ms of a 100-ms step); eager does F2
+    assert schedule("1f1b", 0, 2, 3)[:4] == [("F", 0), ("F", 1), ("B", 0), ("F", 2)]
+    assert schedule("eager", 0, 2, 3)[:4] == [("F", 0), ("F", 1), ("F", 2), ("B", 0)]
+    assert schedule("eager", 1, 2, 3) == schedule("1f1b", 1, 2, 3)  # the last stage alike
 
 
 def test_last_stage_of_1f1b_alternates():
@@ -102,10 +113,10 @@ def test_a_batch_free_per_microbatch_input_keeps_a_gradient_per_microbatch(batch
     assert _deferred_in(g, [dw]) == want
 
 
-@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("kind", SCHEDULES)
 @pytest.mark.parametrize("stages,microbatches", [(2, 4), (3, 4), (4, 8)])
 def test_simulated_bubble_of_equal_stages(kind, stages, microbatches):
-    """Both schedules keep S - 1 idle slots of forward and of backward per stage."""
+    """Every schedule keeps S - 1 idle slots of forward and of backward per stage."""
     ends = simulate(kind, microbatches, [1.0] * stages, [1.0] * stages, [0.0] * stages)
     assert ends[0] == 2 * (microbatches + stages - 1)
 
@@ -117,3 +128,4 @@ def test_simulated_first_stage_runs_weight_gradients_while_a_gradient_is_late():
     assert ends == [11.0, 9.0]  # without the early W: 12
     # a tensor's hop between the stages delays each dependent task by it
     assert simulate("gpipe", 1, [1, 1], [1, 1], [0, 0], hops=[0.5]) == [5.0, 3.5]
+

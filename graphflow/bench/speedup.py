@@ -58,6 +58,7 @@ from graphflow.prediction import (
 )
 from graphflow.progress import Progress
 from graphflow.runtime.cluster import Cluster
+from graphflow.runtime.pipeline import SCHEDULES
 from graphflow.timing import time_nodes
 from graphflow.trace import recording
 
@@ -112,7 +113,7 @@ def parser() -> argparse.ArgumentParser:
                    help="micro-batches of the pipelined layerwise rows: a count (1: no "
                         "pipelined rows) or auto, the count of 2, 4, 8 with the shortest "
                         "predicted step (auto)")
-    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b",
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
                    help="pipeline schedule of the pipelined layerwise rows (1f1b)")
     p.add_argument("--json", type=Path, default=Path("benchmarks/results/speedup.json"),
                    help="every time, prediction and the machine (%(default)s)")
@@ -138,8 +139,8 @@ def _settle(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     args.repeats = 1 if args.quick else 3
     if args.steps < 1 or args.warmup < 0 or args.batch < 1:
         p.error("--steps and --batch must be >= 1, --warmup >= 0")
-    if args.microbatches != "auto" and args.batch % args.microbatches:
-        p.error(f"--batch {args.batch} is not a multiple of --microbatches {args.microbatches}")
+    if args.microbatches != "auto" and args.microbatches > args.batch:
+        p.error(f"--microbatches {args.microbatches} is more than --batch {args.batch} rows")
 
 
 def main(argv: list[str] | None = None) -> int:

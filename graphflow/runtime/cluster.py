@@ -82,7 +82,8 @@ class Cluster:
     """Runs `plan` on its workers. `optimizer` ({"name": "sgd", "lr": 0.1}) updates each
     worker's parameters in place after every `step`; `timeout` bounds every wait. With
     `microbatches` > 1 each batch is cut into that many micro-batches that flow through a
-    layerwise plan's stages in `schedule` order ("gpipe" or "1f1b"), gradients averaged.
+    layerwise plan's stages in `schedule` order ("gpipe", "1f1b" or "eager": see
+    runtime/pipeline.py), gradients averaged.
     `local_workers` (default: the plan's parts) is how many workers of this and other
     clusters share this machine's cores; each local worker gets its share of BLAS threads."""
 

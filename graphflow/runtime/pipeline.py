@@ -10,13 +10,16 @@ run once at the end over all micro-batches: ALL). The worker runs exactly this l
 [('F', 0), ('F', 1), ('B', 0), ('F', 2), ('B', 1), ('B', 2), ('W', -1)]
 >>> schedule("1f1b", stage=1, stages=2, microbatches=3)
 [('F', 0), ('B', 0), ('F', 1), ('B', 1), ('F', 2), ('B', 2), ('W', -1)]
+>>> schedule("eager", stage=0, stages=2, microbatches=4)
+[('F', 0), ('F', 1), ('F', 2), ('B', 0), ('F', 3), ('B', 1), ('B', 2), ('B', 3), ('W', -1)]
 
 Deferring weight gradients (as zero-bubble pipelines split backward into B and W) means one
 full-batch gemm per weight instead of a small one per micro-batch, and one gradient written
 instead of one per micro-batch summed: micro-batches re-read weights but no longer re-write
 them. The last stage runs its W while the first drains. The first stage, whose backward feeds
 no other stage, also runs W early (the worker decides at run time): in its cooldown, whenever
-the next micro-batch's gradient has not arrived yet, over the micro-batches done so far.
+the next micro-batch's gradient has not arrived yet, a gradient at a time over the
+micro-batches done so far (runtime/backlog.py).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections.abc import Iterable, Sequence
 
 from graphflow.ir import Node
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "eager")
 Task = tuple[str, int]
 ALL = -1  # the micro-batch of the "W" task: all of them at once
 
@@ -48,7 +51,11 @@ def microbatch_rows(rows: int, parts: int) -> list[int]:
 def schedule(kind: str, stage: int, stages: int, microbatches: int) -> list[Task]:
     """GPipe: every forward, then every backward (fill, drain). 1F1B: after stages - stage - 1
     warm-up forwards, alternate one forward and one backward, so at most `stages` micro-batches
-    of activations are alive at once."""
+    of activations are alive at once. Eager: 1F1B with twice the warm-up forwards. Without its
+    W, a backward takes about as long as a forward, so the first gradient's round trip through
+    the later stages takes about 2 (stages - stage - 1) forwards: with 1F1B's warm-up a stage
+    waits out half of it (speech-mlp's first stage 9.7 ms of a 100-ms step at 3 micro-batches),
+    here it computes. At most 2 (stages - stage) - 1 micro-batches are alive on a stage."""
     if kind not in SCHEDULES:
         raise ValueError(f"unknown schedule '{kind}'; known: {', '.join(SCHEDULES)}")
     if not 0 <= stage < stages or microbatches < 1:
@@ -57,7 +64,7 @@ def schedule(kind: str, stage: int, stages: int, microbatches: int) -> list[Task
     backward = [("B", m) for m in range(microbatches)]
     if kind == "gpipe":
         return forward + backward + [("W", ALL)]
-    warmup = min(stages - stage - 1, microbatches)
+    warmup = min((2 if kind == "eager" else 1) * (stages - stage - 1), microbatches)
     tasks = forward[:warmup]
     for m in range(warmup, microbatches):
         tasks += [forward[m], backward[m - warmup]]
@@ -127,29 +134,41 @@ def check_linear(transfers: list[tuple[str, int, int]]) -> None:
 
 
 def simulate(kind: str, microbatches: int, forward: Sequence[float], backward: Sequence[float],
-             weights: Sequence[float], hops: Sequence[float] = ()) -> list[float]:
+             weights: Sequence[float | Sequence[float]],
+             hops: Sequence[float] = ()) -> list[float]:
     """When each stage ends its step under schedule `kind`, the worker's rules included:
     stage s takes forward[s] / backward[s] seconds per micro-batch and weights[s] per
-    micro-batch of W work; a micro-batch's tensors take hops[s] seconds between stages s and
-    s + 1 (either way); the first stage runs W early in its cooldown while a gradient is late.
+    micro-batch of W work (a list: per group of W nodes, see runtime/backlog.py); a
+    micro-batch's tensors take hops[s] seconds between stages s and s + 1 (either way); the
+    first stage runs W early in its cooldown, a group at a time, while a gradient is late.
 
     >>> simulate("gpipe", 2, [1, 1], [1, 1], [0, 0])  # fill, 2 + 2 busy, drain
     [6.0, 5.0]
+    >>> simulate("1f1b", 2, [1, 1], [1, 1], [[0.5, 0.5], 0])  # its W fills stage 0's wait
+    [7.0, 5.0]
     """
     stages = len(forward)
     hops = list(hops) or [0.0] * (stages - 1)
+    groups = [[float(w)] if isinstance(w, int | float) else [float(g) for g in w]
+              for w in weights]
     tasks = [schedule(kind, s, stages, microbatches) for s in range(stages)]
     done: dict[tuple[str, int, int], float] = {}  # (phase, stage, micro-batch) -> end time
-    free, nxt, pending = [0.0] * stages, [0] * stages, [0] * stages
+    free, nxt = [0.0] * stages, [0] * stages
+    pending = [[0] * len(g) for g in groups]  # per stage and group: micro-batches not taken
     last_forward = [max(i for i, (p, _) in enumerate(t) if p == "F") for t in tasks]
+
+    def take(s: int, g: int) -> None:
+        free[s] += pending[s][g] * groups[s][g]
+        pending[s][g] = 0
+
     while any(nxt[s] < len(tasks[s]) for s in range(stages)):
         progressed = False
         for s in range(stages):
             while nxt[s] < len(tasks[s]):
                 phase, mb = tasks[s][nxt[s]]
                 if phase == "W":
-                    free[s] += pending[s] * weights[s]
-                    pending[s] = 0
+                    for g in range(len(groups[s])):
+                        take(s, g)
                     nxt[s] += 1
                     continue
                 # the input: the previous stage's forward, or the next stage's backward
@@ -157,13 +176,15 @@ def simulate(kind: str, microbatches: int, forward: Sequence[float], backward: S
                 if 0 <= src[1] < stages and src not in done:
                     break  # that stage has not got there yet
                 ready = done[src] + hops[min(s, src[1])] if 0 <= src[1] < stages else 0.0
-                if phase == "B" and s == 0 and pending[s] and nxt[s] > last_forward[s] \
-                        and ready > free[s]:
-                    free[s] += pending[s] * weights[s]  # W fills the wait
-                    pending[s] = 0
+                if phase == "B" and s == 0 and nxt[s] > last_forward[s]:
+                    for g in range(len(groups[s])):  # W fills the wait, a group at a time
+                        if ready <= free[s]:
+                            break
+                        take(s, g)
                 work = forward[s] if phase == "F" else backward[s]
                 free[s] = done[phase, s, mb] = max(free[s], ready) + work
-                pending[s] += phase == "B"
+                if phase == "B":
+                    pending[s] = [p + 1 for p in pending[s]]
                 nxt[s] += 1
                 progressed = True
         if not progressed:

@@ -25,6 +25,7 @@ from graphflow.ir import Graph, Node, users_of
 from graphflow.ops.registry import REGISTRY
 from graphflow.optim import OPTIMIZERS, Optimizer
 from graphflow.runtime import pipeline
+from graphflow.runtime.backlog import Backlog, weight_groups
 from graphflow.runtime.mailbox import Mailbox, StepFailed, worker_name
 from graphflow.trace.recorder import EXECUTOR, Recorder, clock
 from graphflow.transport.endpoint import Endpoint
@@ -108,6 +109,7 @@ class Worker:
         deferred = set(weights)
         self.w_inputs = list(dict.fromkeys(x for n in weights for x in n.inputs
                                            if x not in deferred))
+        self.w_groups = weight_groups(weights)
         self.mail = Mailbox(worker_name(index), endpoint, timeout)
 
     @property
@@ -151,21 +153,23 @@ class Worker:
         runs: dict[int, _Run] = {}
         got: dict[str, list[np.ndarray]] = {name: [] for name in keep}
         sums: dict[str, np.ndarray] = {}  # gradients, summed in place over micro-batches
-        pending: list[list[np.ndarray]] = []  # the W inputs of micro-batches whose W waits
+        backlog = Backlog(self.w_groups, self.w_inputs)  # micro-batches whose W waits
         last_forward = max((i for i, (phase, _) in enumerate(tasks) if phase == "F"), default=-1)
         for i, (phase, mb) in enumerate(tasks):
             tag = step * microbatches + mb
             # The W phase runs at the end. A stage whose backward feeds no other stage (the
-            # first) also runs it in its cooldown, over the micro-batches done so far, while
-            # the next backward's gradient is still on its way: its wait is filled, no one
-            # else's grows (zero-bubble pipelines put W in the bubbles the same way).
-            if phase == "W" or (phase == "B" and pending and i > last_forward
-                                and self.early_weights
-                                and not self.mail.arrived(self.b_recvs, tag)):
-                self._weight_phase(pending, keep, got, sums, step * microbatches,
-                                   check_numerics)
-                if phase == "W":
-                    continue
+            # first) also runs it in its cooldown, a gradient at a time over the micro-batches
+            # done so far, while the next backward's gradient is still on its way: its wait is
+            # filled, no one else's grows (zero-bubble pipelines put W in the bubbles alike).
+            if phase == "W":
+                for group in backlog.waiting():
+                    self._weight_group(backlog, group, keep, got, sums, tag, check_numerics)
+                continue
+            if phase == "B" and i > last_forward and self.early_weights:
+                for group in backlog.waiting():
+                    if self.mail.arrived(self.b_recvs, tag):
+                        break
+                    self._weight_group(backlog, group, keep, got, sums, tag, check_numerics)
             run = runs.setdefault(mb, _Run({}, {n: len(self.users[n]) for n in self.order},
                                            seed_scale=microbatches * sizes[mb] / sum(sizes)))
             self._dataflow(self.phases[phase], run, {k: v[mb] for k, v in parts.items()}, keep,
@@ -173,9 +177,9 @@ class Worker:
             if phase != "F":  # the micro-batch is complete
                 self._collect(run, keep, got, sums, copy=microbatches > 1)
                 if phase == "B":
-                    pending.append([run.values[x] for x in self.w_inputs])
+                    backlog.add([run.values[x] for x in self.w_inputs])
                 del runs[mb]
-        del pending, run  # received tensors: over inproc, a peer's send waits until they go
+        del backlog, run  # received tensors: over inproc, a peer's send waits until they go
         t0 = clock()
         self.mail.flush()
         tr = self.trace
@@ -200,29 +204,22 @@ class Worker:
             tr.add(EXECUTOR, "update", "update", t0, clock(), {"params": len(self.grads)})
         return {name: out[name] for name in fetches}
 
-    def _weight_phase(self, pending: list[list[np.ndarray]], keep: set[str],
+    def _weight_group(self, backlog: Backlog, group: int, keep: set[str],
                       got: dict[str, list[np.ndarray]], sums: dict[str, np.ndarray], tag: int,
                       check_numerics: bool) -> None:
-        """Run the W phase once over the `pending` micro-batches (their inputs joined along the
-        batch axis: one large gemm per weight, however many micro-batches) and add its
-        gradients to `sums`; `pending` is emptied."""
-        if not self.phases["W"] or not pending:
-            return
-        values = {}
-        for i, x in enumerate(self.w_inputs):
-            axis = pipeline.batch_axis(x)
-            parts = [vs[i] for vs in pending]
-            values[x] = parts[0] if axis is None else np.concatenate(parts, axis=axis)
-        pending.clear()
+        """Run one group of the W phase over the micro-batches it has not taken (their inputs
+        joined along the batch axis: one gemm per weight, however many micro-batches) and add
+        its gradients to `sums`."""
+        nodes = self.w_groups[group]
         # a gradient already summed from earlier micro-batches: its gemm adds straight into
         # the sum (beta = 1) instead of writing a new array that is then added (26 MB a
         # layer of speech-mlp, a pass on the first stage's critical path). Not where another
         # node reads it: that node wants this run's part, not the running sum.
-        into = {n: sums[n.name] for n in self.phases["W"]
+        into = {n: sums[n.name] for n in nodes
                 if n.name in sums and _owned(sums[n.name]) and REGISTRY[n.op].accumulate
                 and not self.users[n]}
-        run = _Run(values, {n: len(self.users[n]) for n in self.order}, into)
-        self._dataflow(self.phases["W"], run, {}, keep, tag, check_numerics)
+        run = _Run(backlog.take(group), {n: len(self.users[n]) for n in self.order}, into)
+        self._dataflow(nodes, run, {}, keep, tag, check_numerics)
         self._collect(run, keep, got, sums, copy=False)
 
     def _collect(self, run: _Run, keep: set[str], got: dict[str, list[np.ndarray]],
