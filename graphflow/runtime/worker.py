@@ -161,15 +161,16 @@ class Worker:
             # first) also runs it in its cooldown, a gradient at a time over the micro-batches
             # done so far, while the next backward's gradient is still on its way: its wait is
             # filled, no one else's grows (zero-bubble pipelines put W in the bubbles alike).
+            w_tag = step * microbatches  # (W nodes receive nothing: any tag of the step)
             if phase == "W":
                 for group in backlog.waiting():
-                    self._weight_group(backlog, group, keep, got, sums, tag, check_numerics)
+                    self._weight_group(backlog, group, keep, got, sums, w_tag, check_numerics)
                 continue
             if phase == "B" and i > last_forward and self.early_weights:
                 for group in backlog.waiting():
                     if self.mail.arrived(self.b_recvs, tag):
                         break
-                    self._weight_group(backlog, group, keep, got, sums, tag, check_numerics)
+                    self._weight_group(backlog, group, keep, got, sums, w_tag, check_numerics)
             run = runs.setdefault(mb, _Run({}, {n: len(self.users[n]) for n in self.order},
                                            seed_scale=microbatches * sizes[mb] / sum(sizes)))
             self._dataflow(self.phases[phase], run, {k: v[mb] for k, v in parts.items()}, keep,
