@@ -33,6 +33,19 @@ def _span(o: int, stride: int, pad: int, k: int, size: int) -> tuple[int, int]:
     return max(lo, 0), min(lo + k, size)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _window_max(x: np.ndarray, n: int, c: int, i0: int, i1: int, j0: int,
+                j1: int) -> tuple[float, int, int]:
+    """The largest value of x[n, c, i0:i1, j0:j1] and where it first stands (row order);
+    strict comparisons, so the first of equal maxima wins and a NaN never does."""
+    best, bi, bj = -np.inf, i0, j0
+    for i in range(i0, i1):
+        for j in range(j0, j1):
+            if x[n, c, i, j] > best:
+                best, bi, bj = x[n, c, i, j], i, j
+    return best, bi, bj
+
+
 @njit(cache=True, nogil=True)
 def _max_pool_kernel(x: np.ndarray, out: np.ndarray, kh: int, kw: int, sh: int, sw: int,
                      ph: int, pw: int) -> None:
@@ -44,12 +57,7 @@ def _max_pool_kernel(x: np.ndarray, out: np.ndarray, kh: int, kw: int, sh: int, 
                 i0, i1 = _span(oh, sh, ph, kh, h_)
                 for ow in range(wo_):
                     j0, j1 = _span(ow, sw, pw, kw, w_)
-                    best = -np.inf
-                    for i in range(i0, i1):
-                        for j in range(j0, j1):
-                            if x[n, c, i, j] > best:
-                                best = x[n, c, i, j]
-                    out[n, c, oh, ow] = best
+                    out[n, c, oh, ow] = _window_max(x, n, c, i0, i1, j0, j1)[0]
 
 
 @njit(cache=True, nogil=True)
@@ -64,13 +72,7 @@ def _max_pool_grad_kernel(x: np.ndarray, dy: np.ndarray, dx: np.ndarray, kh: int
                 i0, i1 = _span(oh, sh, ph, kh, h_)
                 for ow in range(wo_):
                     j0, j1 = _span(ow, sw, pw, kw, w_)
-                    best = -np.inf
-                    bi, bj = i0, j0
-                    for i in range(i0, i1):
-                        for j in range(j0, j1):
-                            if x[n, c, i, j] > best:  # strict: the first max wins ties
-                                best = x[n, c, i, j]
-                                bi, bj = i, j
+                    _, bi, bj = _window_max(x, n, c, i0, i1, j0, j1)
                     dx[n, c, bi, bj] += dy[n, c, oh, ow]
 
 
