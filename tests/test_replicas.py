@@ -69,6 +69,34 @@ def test_downpour_with_adagrad_learns(digits):
     assert all(record.steps_done[r] > 50 for r in (0, 1))  # both replicas did work
 
 
+def test_downpour_fit_ends_with_every_step_on_the_shards(digits):
+    """Pushes go out on the replicas' own threads; fit returns once they have reached the
+    shards. With n_push above the run's length nothing is pushed while it runs: what fit
+    leaves behind is one push per replica, equal to one model's SGD on all the batches (the
+    gradients of the same parameters, summed). Before, they reached the shards only at close.
+    """
+    lr, steps = 0.05, 6
+    batches = _batches(digits, steps)
+    model = gf.models.digits_lc(batch=None)
+    with _manager(model, 1, "downpour", SGD(lr), n_push=1000, n_fetch=1000) as rm:
+        start = rm.params()
+        rm.fit(batches, steps)
+        versions = rm.client.stats()[0]["versions"]
+        got = rm.params()
+    assert set(versions.values()) == {1}  # the one push, flushed
+    ref = gf.models.digits_lc(batch=None)
+    grads = gf.gradients(ref.loss, ref.graph.parameters())
+    session = gf.Session(ref.graph)
+    session.params.update(start)
+    total = {name: 0 for name in grads}
+    for x, y in batches:  # every step ran on the start parameters (no fetch in between)
+        values = session.run(list(grads.values()), {ref.x: x, ref.y: y})
+        total = {name: total[name] + v for name, v in zip(grads, values, strict=True)}
+    for name, g in total.items():
+        np.testing.assert_allclose(got[name], start[name] - lr * g, rtol=1e-4, atol=1e-5,
+                                   err_msg=name)
+
+
 def test_ssp_keeps_every_replica_within_s_clocks_of_the_slowest(digits):
     s = 2
     model = gf.models.digits_lc(batch=None)

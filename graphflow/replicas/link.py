@@ -81,7 +81,8 @@ class PSLink:
         self._error: BaseException | None = None
         self._fresh: dict[str, np.ndarray] | None = None
         self._lock = threading.Lock()
-        self._pushq: queue.Queue[tuple[int, dict[str, np.ndarray]] | None] = queue.Queue(2)
+        self._pushq: queue.Queue[tuple[int, dict[str, np.ndarray]] | threading.Event | None] = \
+            queue.Queue(2)
         self._fetchq: queue.Queue[int | None] = queue.Queue(1)
         self._threads: list[threading.Thread] = []
         self.install(self.client.fetch())
@@ -231,9 +232,13 @@ class PSLink:
             raise LinkError(f"replica {self.replica}: parameter server: {self._error}")
 
     def _serve(self, jobs: queue.Queue[Any], work: Callable[[Any], None], what: str) -> None:
-        """Run `work(job)` for each job until None; the first failure stops the thread and is
-        raised on the compute thread at its next step."""
+        """Run `work(job)` for each job until None; an Event is set when reached (`flush`:
+        the jobs before it are done). The first failure stops the thread and is raised on the
+        compute thread at its next step."""
         while (job := jobs.get()) is not None:
+            if isinstance(job, threading.Event):
+                job.set()
+                continue
             try:
                 work(job)
             except Exception as e:  # noqa: BLE001 - reported at the next step
@@ -247,6 +252,26 @@ class PSLink:
         with self._lock:
             self._fresh = fresh
         self._span(PS_FETCH, "ps fetch", t0, step)
+
+    def flush(self) -> None:
+        """Downpour: push what is left and wait until every push so far has reached the
+        shards (a shard's retries included), so that the PS holds every step run. Raises
+        LinkError if a push failed or the pushes take longer than the link's timeout."""
+        if self.mode != "downpour":
+            return  # (bsp and ssp push within each step)
+        self._check()
+        reached = threading.Event()
+        try:
+            if self.sums:
+                self._pushq.put((self.last_step + 1, self._take_sums()), timeout=self.timeout)
+            self._pushq.put(reached, timeout=self.timeout)
+        except queue.Full:
+            pass  # (the push thread is stuck: reported below)
+        if not reached.wait(self.timeout):
+            self._check()
+            raise LinkError(f"replica {self.replica}: pushes to the parameter server not done "
+                            f"within {self.timeout:g}s")
+        self._check()
 
     def close(self) -> None:
         """Push what is left (downpour) and stop the threads."""

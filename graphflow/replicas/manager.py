@@ -254,12 +254,27 @@ class ReplicaManager:
                 next_eval = time.perf_counter() - self._t0 + eval_every
             if progress is not None:
                 progress(feed.taken, self._last_loss)
-        if evaluate is not None:
-            self.evaluate(*evaluate)
         if feed.done < steps:
             raise GraphflowError(f"every replica failed after {feed.done} of {steps} steps: "
                                  + "; ".join(self.record.failures))
+        self._flush_pushes()
+        if evaluate is not None:
+            self.evaluate(*evaluate)
         return self.record
+
+    def _flush_pushes(self) -> None:
+        """Downpour pushes on their own threads: a run ends once the live replicas' pushes
+        have reached the shards, so that what comes next (evaluate, params, another fit) sees
+        every step run. A replica that cannot is dropped, as if it failed at its last step."""
+        if self.options.mode != "downpour":
+            return
+        for r, cluster in enumerate(self.clusters):
+            if cluster is None or r in self._failed:
+                continue
+            try:
+                cluster.call_all("ps_flush", {})
+            except GraphflowError as e:
+                self._replica_failed(r, self.record.steps_done.get(r, 0), e)
 
     def _fit_sandblaster(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], steps: int,
                          evaluate: tuple[np.ndarray, np.ndarray] | None, eval_every: float,

@@ -55,7 +55,7 @@ class WorkerService:
     def handlers(self) -> dict[str, Any]:
         return {"hello": self.hello, "load": self.load, "connect": self.connect,
                 "step": self.step, "get_params": self.get_params, "set_params": self.set_params,
-                "ps_attach": self.ps_attach, "ar_bind": self.ar_bind,
+                "ps_attach": self.ps_attach, "ps_flush": self.ps_flush, "ar_bind": self.ar_bind,
                 "ar_attach": self.ar_attach, "stats": self.stats, "shutdown": self.shutdown,
                 "trace_start": self.trace_start, "trace_clock": self.trace_clock,
                 "trace_take": self.trace_take}
@@ -117,6 +117,11 @@ class WorkerService:
                            compress, retry_for)
         self.link.trace, self.replica = self.trace, replica
         w.optimizer = self.link
+
+    def ps_flush(self) -> None:
+        """Wait until this worker's pushes so far have reached the parameter server."""
+        if self.link is not None and hasattr(self.link, "flush"):
+            self.link.flush()
 
     def ar_bind(self, rank: int, bind: str, timeout: float = 30.0) -> str:
         """Bind this worker's endpoint for an allreduce group (rank = its replica); returns
