@@ -23,6 +23,7 @@ weight gemm took 3.5-4.7 ms, at 64 about 7).
 
 from __future__ import annotations
 
+import networkx as nx
 import numpy as np
 
 from graphflow.ir import Node
@@ -34,7 +35,6 @@ class Backlog:
     dropped once every group took them."""
 
     def __init__(self, groups: list[list[Node]], inputs: list[Node]) -> None:
-        self.groups = groups
         self.inputs = inputs
         # which of `inputs` each group reads
         self.reads = [[i for i, x in enumerate(inputs) if any(x in n.inputs for n in g)]
@@ -70,21 +70,9 @@ def weight_groups(weights: list[Node]) -> list[list[Node]]:
     """`weights` (in run order) cut into the groups that share no node: each ends in its own
     gradients. A group keeps its nodes' order; groups come in the order of their first node."""
     members = set(weights)
-    group_of: dict[Node, int] = {}
-    groups: list[list[Node]] = []
-    for n in weights:  # union along W-to-W edges, by relabelling (W phases are small)
-        linked = {group_of[x] for x in n.inputs if x in members}
-        if not linked:
-            group_of[n] = len(groups)
-            groups.append([n])
-            continue
-        keep = min(linked)
-        for other in sorted(linked - {keep}, reverse=True):
-            for m in groups[other]:
-                group_of[m] = keep
-            groups[keep] += groups[other]
-            groups[other] = []
-        group_of[n] = keep
-        groups[keep].append(n)
+    linked = nx.Graph()
+    linked.add_nodes_from(weights)
+    linked.add_edges_from((x, n) for n in weights for x in n.inputs if x in members)
     position = {n: i for i, n in enumerate(weights)}
-    return [sorted(g, key=position.__getitem__) for g in groups if g]
+    groups = [sorted(g, key=position.__getitem__) for g in nx.connected_components(linked)]
+    return sorted(groups, key=lambda g: position[g[0]])
