@@ -262,8 +262,7 @@ class PSLink:
         self._check()
         reached = threading.Event()
         try:
-            if self.sums:
-                self._pushq.put((self.last_step + 1, self._take_sums()), timeout=self.timeout)
+            self._queue_rest()
             self._pushq.put(reached, timeout=self.timeout)
         except queue.Full:
             pass  # (the push thread is stuck: reported below)
@@ -273,10 +272,15 @@ class PSLink:
                             f"within {self.timeout:g}s")
         self._check()
 
+    def _queue_rest(self) -> None:
+        """Hand the gradients summed since the last push to the push thread (downpour)."""
+        if self.sums:
+            self._pushq.put((self.last_step + 1, self._take_sums()), timeout=self.timeout)
+
     def close(self) -> None:
         """Push what is left (downpour) and stop the threads."""
-        if self.mode == "downpour" and self.sums and self._error is None:
-            self._pushq.put((self.last_step + 1, self._take_sums()), timeout=self.timeout)
+        if self.mode == "downpour" and self._error is None:
+            self._queue_rest()
         for q in (self._pushq, self._fetchq):
             q.put(None, timeout=self.timeout)
         for t in self._threads:

@@ -155,13 +155,13 @@ class Worker:
         sums: dict[str, np.ndarray] = {}  # gradients, summed in place over micro-batches
         backlog = Backlog(self.w_groups, self.w_inputs)  # micro-batches whose W waits
         last_forward = max((i for i, (phase, _) in enumerate(tasks) if phase == "F"), default=-1)
+        w_tag = step * microbatches  # (W nodes receive nothing: any tag of the step)
         for i, (phase, mb) in enumerate(tasks):
             tag = step * microbatches + mb
             # The W phase runs at the end. A stage whose backward feeds no other stage (the
             # first) also runs it in its cooldown, a gradient at a time over the micro-batches
             # done so far, while the next backward's gradient is still on its way: its wait is
             # filled, no one else's grows (zero-bubble pipelines put W in the bubbles alike).
-            w_tag = step * microbatches  # (W nodes receive nothing: any tag of the step)
             if phase == "W":
                 for group in backlog.waiting():
                     self._weight_group(backlog, group, keep, got, sums, w_tag, check_numerics)
