@@ -260,13 +260,13 @@ class PSLink:
         if self.mode != "downpour":
             return  # (bsp and ssp push within each step)
         self._check()
-        reached = threading.Event()
+        reached, deadline = threading.Event(), time.monotonic() + self.timeout
         try:
             self._queue_rest()
-            self._pushq.put(reached, timeout=self.timeout)
+            self._pushq.put(reached, timeout=max(0.0, deadline - time.monotonic()))
         except queue.Full:
             pass  # (the push thread is stuck: reported below)
-        if not reached.wait(self.timeout):
+        if not reached.wait(max(0.0, deadline - time.monotonic())):
             self._check()
             raise LinkError(f"replica {self.replica}: pushes to the parameter server not done "
                             f"within {self.timeout:g}s")

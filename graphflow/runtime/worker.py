@@ -100,7 +100,7 @@ class Worker:
         backward = {n for n in self.order if pipeline.is_backward(n)}
         weights = pipeline.deferred_weight_nodes(self.order, self.users,
                                                  {graph[g] for g in self.grads.values()})
-        self.phases = {"FB": self.order, "W": weights,
+        self.phases = {"FB": self.order,
                        "B": [n for n in self.order if n in backward and n not in weights],
                        "F": [n for n in self.order if n not in backward]}
         self.early_weights = pipeline.runs_weights_early(self.order)
