@@ -185,7 +185,7 @@ def test_clock_ok_is_ssp(two_shards):
     assert shard.clock_ok(0, 5, staleness=2) and not shard.clock_ok(0, 6, staleness=2)
     log = shard.clocks()["log"]
     assert [row[1:] for row in log[-2:]] == [[0, 5, 3], [0, 6, 3]]
-    assert shard.clocks()["clocks"] == [(0, 3), (1, 3), (2, 1)]
+    assert shard.clocks()["clocks"] == [(0, 6), (1, 3), (2, 1)]  # 0 asked at 6: it ran 6
     layout = Layout.build({"a": (4,), "b": (4,)}, 2)  # the client: every shard must agree
     client = PSClient([t.address for t in two_shards], layout, timeout=5.0)
     client.init(_values({"a": (4,), "b": (4,)}), {"name": "sgd", "lr": 1.0}, [0, 1])
@@ -251,6 +251,22 @@ def test_a_retried_axpy_is_done_once(tmp_path, monkeypatch):
         client.vec_axpy(2.0, "g", "param")  # a new call is a new write
         np.testing.assert_array_equal(client.fetch()["w"], [4, 4, 4])
         client.close()
+
+
+def test_a_replica_is_not_gated_on_its_own_clock_a_restored_shard_lost():
+    """A shard restored from an older checkpoint holds clocks from then: a replica that asks
+    at its real clock is not held back by its own old one (it would wait for a push it never
+    makes: test_replica_faults saw replica 1 wait 30 s and be dropped), nor are two replicas
+    both behind there held back by each other."""
+    shard = make_shard(replicas=(0, 1))
+    for step in range(5):
+        shard.push(0, step, {"w[0:6]": np.zeros(6, np.float32)})
+    for step in range(2):
+        shard.push(1, step, {"w[0:6]": np.zeros(6, np.float32)})  # its pushes 2-4 were lost
+    assert shard.clock_ok(1, 5, staleness=2)  # clocks 5 and 5: it ran steps 0-4
+    both = make_shard(replicas=(0, 1))  # restored with both replicas at clock 0, both at the gate
+    assert not both.clock_ok(0, 7, staleness=1)  # replica 1 is at 0 as far as it knows
+    assert both.clock_ok(1, 6, staleness=1) and both.clock_ok(0, 7, staleness=1)
 
 
 # -- checkpoints ----------------------------------------------------------------------------------

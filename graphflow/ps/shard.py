@@ -216,7 +216,12 @@ class Shard(VectorOps, BspBarrier):
     # -- replicas and clocks ------------------------------------------------------------------
     def clock_ok(self, replica: int, clock: int, staleness: int) -> bool:
         """SSP gate: True iff `clock` is at most `staleness` ahead of the slowest live
-        replica's clock (recorded in `clock_log` as [time, replica, clock, min])."""
+        replica's clock (recorded in `clock_log` as [time, replica, clock, min]).
+
+        A replica that asks at `clock` has run `clock` steps, so its clock here is at least
+        that: a shard restored from an older checkpoint may have lost its last pushes, and a
+        replica gated on its own lost clock would wait for a push it never makes."""
+        self.clock[replica] = max(self.clock.get(replica, 0), clock)
         slowest = min((self.clock.get(r, 0) for r in self.live), default=clock)
         self.clock_log.append([time.time(), replica, clock, slowest])
         return clock - slowest <= staleness
