@@ -2,7 +2,8 @@
 
 The kernel calls BLAS gemm with transpose flags, so transposed operands are never copied; a few
 rows against a large b or b.T (a dense layer on a micro-batch) go to `small_gemm`, which does
-not pack b on every call.
+not pack b on every call, and a.T @ b summed over a few rows (a dense layer's weight gradient)
+to `short_gemm`, which writes out once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from graphflow.errors import ShapeError
 from graphflow.ir import Node
 from graphflow.ops.blas import NT, TR, gemm
 from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
+from graphflow.ops.short_gemm import matmul_tn
+from graphflow.ops.short_gemm import wins as short_wins
 from graphflow.ops.small_gemm import matmul_nn, matmul_nt, wins
 
 Grads = Sequence[Node | None]
@@ -42,14 +45,17 @@ def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool
         out.fill(0)
         return out
     done = 0  # leading columns of out already computed
-    if not transpose_a and wins(m, n, k):
+    float32 = a.dtype == b.dtype == out.dtype == np.float32  # (the vector kernels' type)
+    if transpose_a and not transpose_b and float32 and short_wins(m, n, k):
+        done = matmul_tn(a, b, out, accumulate)
+    elif not transpose_a and wins(m, n, k):
         if accumulate:  # (small_gemm overwrites its out)
             out += matmul_into(a, b, np.empty_like(out), transpose_a, transpose_b)
             return out
         if transpose_b:
             matmul_nt(a, b, out, out.dtype.type(0))
             return out
-        if a.dtype == b.dtype == out.dtype == np.float32:  # (its vectors are float32)
+        if float32:
             done = matmul_nn(a, b, out)
     if done < n:  # the rest, or the last columns short of a whole panel, with BLAS
         matmul_kernel(a.reshape(-1), a.shape[1], b.reshape(-1)[done:], b.shape[1],

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic, models, register_model
@@ -30,7 +30,7 @@ LANES = 16
 _VEC = ir.VectorType(ir.FloatType(), LANES)
 _I32 = ir.IntType(32)
 
-__all__ = ["LANES", "prefetch", "vfma", "vload", "vsplat", "vstore", "vzero"]
+__all__ = ["LANES", "prefetch", "vfma", "vload", "vsplat", "vstore", "vstore4", "vzero"]
 
 
 class F32x16(types.Type):
@@ -131,3 +131,12 @@ def prefetch(typingctx: Any, arr: Any, index: Any) -> Any:
         builder.call(fn, [address, read, locality, data_cache])
         return context.get_dummy_value()
     return types.void(arr, index), codegen
+
+
+@njit(nogil=True, cache=True, inline="always")
+def vstore4(arr: Any, index: int, v0: Any, v1: Any, v2: Any, v3: Any) -> None:
+    """arr[index:index + 64] = the four vectors, one after another (a 64-column panel row)."""
+    vstore(arr, index, v0)
+    vstore(arr, index + 16, v1)
+    vstore(arr, index + 32, v2)
+    vstore(arr, index + 48, v3)

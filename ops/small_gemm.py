@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from graphflow.ops.simd import LANES, prefetch, vfma, vload, vsplat, vstore
+from graphflow.ops.simd import LANES, prefetch, vfma, vload, vsplat, vstore4
 
 # reassociation lets LLVM vectorise the sums; NaN and inf keep their IEEE meaning
 _FAST = {"reassoc", "contract", "nsz"}
@@ -134,10 +134,7 @@ def _nn_rows4(a: np.ndarray, b: np.ndarray, o: np.ndarray, i: int, j: int, n: in
         c30, c31, c32, c33 = vfma(x, b0, c30), vfma(x, b1, c31), vfma(x, b2, c32), vfma(x, b3, c33)
     for r, c0, c1, c2, c3 in ((r0, c00, c01, c02, c03), (r1, c10, c11, c12, c13),
                               (r2, c20, c21, c22, c23), (r3, c30, c31, c32, c33)):
-        vstore(o, r, c0)
-        vstore(o, r + 16, c1)
-        vstore(o, r + 32, c2)
-        vstore(o, r + 48, c3)
+        vstore4(o, r, c0, c1, c2, c3)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -151,10 +148,7 @@ def _nn_row1(a: np.ndarray, b: np.ndarray, out: np.ndarray, i: int, j: int, n: i
         x = vsplat(a[i, p])
         c0, c1 = vfma(x, vload(b, q), c0), vfma(x, vload(b, q + 16), c1)
         c2, c3 = vfma(x, vload(b, q + 32), c2), vfma(x, vload(b, q + 48), c3)
-    vstore(out, r, c0)
-    vstore(out, r + 16, c1)
-    vstore(out, r + 32, c2)
-    vstore(out, r + 48, c3)
+    vstore4(out, r, c0, c1, c2, c3)
 
 
 @njit(nogil=True, cache=True, inline="always")

@@ -1,0 +1,102 @@
+"""out = a.T @ b over a short inner dimension: a dense layer's weight gradient, x.T @ dy, summed
+over a batch or a micro-batch of rows.
+
+BLAS runs this as any gemm: it scales out by beta in a pass of its own, then reads and writes
+out again to add the product, three passes over an out that is far larger than a and b (at 16
+rows, 26 MB of out against 330 KB of inputs). Here each 4 x 64 tile of out is summed in 16
+vector registers over the whole inner dimension and written once (read once more only to
+accumulate), while a's columns and a chunk of b's columns stay in L1 and L2. One core,
+float32, out 2560 x 2560: 1.5 / 2.9 / 5.0 ms at 16 / 32 / 64 rows, where BLAS takes 3.0 /
+4.5 / 7.6; 2560 x 8192 at 64 rows: 15 ms against 23.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from graphflow.ops.simd import prefetch, vfma, vload, vsplat, vstore4, vzero
+
+MAX_DEPTH = 256   # measured gains: 2x at 16 rows, 1.5x at 64, 1.2x at 256, 1.1x at 512
+MIN_COLS = 64     # out's columns go in tiles of PANEL
+PANEL = 64        # out columns a tile holds: 4 vectors of 16 float32
+CHUNK_BYTES = 1 << 17  # b is taken a chunk of columns at a time, this many bytes (in L2)
+
+
+def wins(m: int, n: int, k: int) -> bool:
+    """Whether `matmul_tn` beats BLAS for out (m, n) = a.T @ b with a (k, m), b (k, n)."""
+    return 0 < k <= MAX_DEPTH and m >= 4 and n >= MIN_COLS
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _tile(a: np.ndarray, b: np.ndarray, o: np.ndarray, i: int, j: int, m: int, n: int,
+          k: int, accumulate: bool) -> None:
+    """o[i:i+4, j:j+64] (+)= a[:, i:i+4].T @ b[:, j:j+64] (a, b, o flat: m, n, n columns)."""
+    rows = (i * n + j, (i + 1) * n + j, (i + 2) * n + j, (i + 3) * n + j)
+    if accumulate:  # the tile's lines come in while the sums run, and are read after them
+        for r in rows:  # (asked for earlier, or read first, both measured slower: 1.3-1.6x)
+            for line in range(0, PANEL, 16):
+                prefetch(o, r + line)
+    c00 = c01 = c02 = c03 = c10 = c11 = c12 = c13 = vzero()
+    c20 = c21 = c22 = c23 = c30 = c31 = c32 = c33 = vzero()
+    for p in range(k):
+        q, s = p * n + j, p * m + i
+        b0, b1, b2, b3 = vload(b, q), vload(b, q + 16), vload(b, q + 32), vload(b, q + 48)
+        x = vsplat(a[s])
+        c00, c01, c02, c03 = vfma(x, b0, c00), vfma(x, b1, c01), vfma(x, b2, c02), vfma(x, b3, c03)
+        x = vsplat(a[s + 1])
+        c10, c11, c12, c13 = vfma(x, b0, c10), vfma(x, b1, c11), vfma(x, b2, c12), vfma(x, b3, c13)
+        x = vsplat(a[s + 2])
+        c20, c21, c22, c23 = vfma(x, b0, c20), vfma(x, b1, c21), vfma(x, b2, c22), vfma(x, b3, c23)
+        x = vsplat(a[s + 3])
+        c30, c31, c32, c33 = vfma(x, b0, c30), vfma(x, b1, c31), vfma(x, b2, c32), vfma(x, b3, c33)
+    for r, c0, c1, c2, c3 in zip(rows, (c00, c10, c20, c30), (c01, c11, c21, c31),
+                                 (c02, c12, c22, c32), (c03, c13, c23, c33)):
+        _put(o, r, c0, c1, c2, c3, accumulate)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _put(o: np.ndarray, r: int, c0: Any, c1: Any, c2: Any, c3: Any, accumulate: bool) -> None:
+    """o[r:r+64] = (c0, c1, c2, c3), or += them."""
+    if accumulate:  # (1 * x + c rounds once: the same as x + c)
+        one = vsplat(np.float32(1))
+        c0, c1 = vfma(one, vload(o, r), c0), vfma(one, vload(o, r + 16), c1)
+        c2, c3 = vfma(one, vload(o, r + 32), c2), vfma(one, vload(o, r + 48), c3)
+    vstore4(o, r, c0, c1, c2, c3)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _row(a: np.ndarray, b: np.ndarray, o: np.ndarray, i: int, j: int, m: int, n: int, k: int,
+         accumulate: bool) -> None:
+    """o[i, j:j+64] (+)= a[:, i] @ b[:, j:j+64]: the rows below the last whole 4."""
+    c0 = c1 = c2 = c3 = vzero()
+    for p in range(k):
+        q, x = p * n + j, vsplat(a[p * m + i])
+        c0, c1 = vfma(x, vload(b, q), c0), vfma(x, vload(b, q + 16), c1)
+        c2, c3 = vfma(x, vload(b, q + 32), c2), vfma(x, vload(b, q + 48), c3)
+    _put(o, i * n + j, c0, c1, c2, c3, accumulate)
+
+
+@njit(nogil=True, cache=True)
+def matmul_tn(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool) -> int:
+    """out[:, :c] = a.T @ b[:, :c], or with `accumulate` out[:, :c] += ..., for C-contiguous
+    float32 a (k, m), b (k, n), out (m, n), where c is n rounded down to whole 64-column
+    panels; returns c (the caller does the rest). Row blocks of out run along a chunk of b's
+    columns, so out is written a few rows at a time, front to back."""
+    k, m = a.shape
+    n = b.shape[1]
+    c = n - n % PANEL
+    m4 = m - m % 4
+    flat_a, flat_b, flat_out = a.reshape(-1), b.reshape(-1), out.reshape(-1)
+    chunk = max(PANEL, CHUNK_BYTES // (4 * max(k, 1)) // PANEL * PANEL)
+    for j0 in range(0, c, chunk):
+        j1 = min(c, j0 + chunk)
+        for i in range(0, m4, 4):
+            for j in range(j0, j1, PANEL):
+                _tile(flat_a, flat_b, flat_out, i, j, m, n, k, accumulate)
+        for i in range(m4, m):
+            for j in range(j0, j1, PANEL):
+                _row(flat_a, flat_b, flat_out, i, j, m, n, k, accumulate)
+    return c
