@@ -7,9 +7,11 @@ from graphflow.ir import users_of
 from graphflow.partitioners import partition
 from graphflow.runtime.pipeline import (
     ALL,
+    ROW_BLOCK,
     SCHEDULES,
     check_linear,
     deferred_weight_nodes,
+    microbatch_rows,
     schedule,
     simulate,
 )
@@ -71,6 +73,21 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="worker 1 to worker 0"):
         check_linear([("h->w0", 1, 0)])
     check_linear([("h->w1", 0, 1), ("grad/h->w0", 1, 0)])
+
+
+@pytest.mark.parametrize("rows", [5, 8, 18, 63, 64, 65, 100])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4, 5])
+def test_microbatches_are_whole_row_blocks_as_even_as_they_go(rows, parts):
+    sizes = microbatch_rows(rows, parts)
+    assert len(sizes) == parts and sum(sizes) == rows and min(sizes) > 0
+    if rows // ROW_BLOCK >= parts:  # the gemm kernels' 4-row tiles: no stray rows but the last
+        assert all(s % ROW_BLOCK == 0 for s in sizes[:-1])
+        blocks = [s // ROW_BLOCK for s in sizes]
+        assert max(blocks) - min(blocks) <= 1 and sizes[-1] % ROW_BLOCK == rows % ROW_BLOCK
+    else:
+        assert max(sizes) - min(sizes) <= 1
+    with pytest.raises(ValueError, match=f"{rows} rows cannot make {rows + 1}"):
+        microbatch_rows(rows, rows + 1)
 
 
 def _deferred(model, parts=2):

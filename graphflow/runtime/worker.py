@@ -50,7 +50,7 @@ def _split_batch(name: str, value: np.ndarray, parts: int) -> list[np.ndarray]:
     if value.ndim == 0 or len(value) < parts:
         raise ValueError(f"feed '{name}' of shape {value.shape}: its batch cannot make "
                          f"{parts} micro-batches")
-    return np.array_split(value, parts)
+    return np.split(value, np.cumsum(pipeline.microbatch_rows(len(value), parts))[:-1])
 
 
 def _owned(a: np.ndarray) -> bool:
