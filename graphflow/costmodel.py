@@ -207,12 +207,20 @@ class CostModel:
         return self.link
 
     def save(self, path: Path | None = None) -> Path:
-        """Write this calibration under this machine's fingerprint (atomic replace)."""
+        """Write this calibration under this machine's fingerprint (atomic replace). Kernels
+        timed before keep the faster of their two times (and the others stay): a busy machine
+        only ever slows a kernel, and a calibration taken beside the test suite had flipped
+        speech-mlp's layerwise split to one 20% slower."""
         path = path or cache_path()
         data = read_cache(path)
+        merged = CostModel(measured=data.get(fingerprint(), {}).get("measured"))
+        for sig, sample in self.measured.items():
+            if sig not in merged.measured or sample[0] < merged.measured[sig][0]:
+                merged.measured[sig] = list(sample)
+        merged._fit()
         data[fingerprint()] = {
-            "measured": self.measured, "flop_rates": self.flop_rates,
-            "bandwidth_Bps": self.bandwidth_Bps, "overhead_s": self.overhead_s,
+            "measured": merged.measured, "flop_rates": merged.flop_rates,
+            "bandwidth_Bps": merged.bandwidth_Bps, "overhead_s": merged.overhead_s,
             "update_Bps": self.update_Bps, "update_shared_Bps": self.update_shared_Bps,
             "link": [self.link.bandwidth_Bps, self.link.latency_s]}
         path.parent.mkdir(parents=True, exist_ok=True)

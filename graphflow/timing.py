@@ -1,10 +1,11 @@
 """How the cost model measures this machine: kernels timed on random inputs, the optimizer's
 update rate, a ZeroMQ ping-pong for the link, and the cache that keeps the results per
-machine and thread setup (`fingerprint`).
+machine, thread setup and kernel code (`fingerprint`).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -26,8 +27,24 @@ from graphflow.ops.registry import REGISTRY, concrete
 UPDATE_PASSES = 3  # an SGD update reads the parameter and its gradient, writes the parameter
 
 
+@functools.cache
+def kernels_digest() -> str:
+    """A digest of the kernels' code (the ops package and the optimizer updates): timings of
+    older kernels say nothing of new ones (a new weight-gradient gemm made speech-mlp's take
+    half as long, and cached times would have steered plans by the old ones)."""
+    import graphflow.ops
+    import graphflow.optim
+
+    files = sorted(Path(graphflow.ops.__file__).parent.glob("*.py"))
+    digest = hashlib.sha256()
+    for f in [*files, Path(graphflow.optim.__file__)]:
+        digest.update(f.name.encode() + f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def fingerprint() -> str:
-    """Identifies this machine and thread setup: calibrations are only reused on a match."""
+    """Identifies this machine, thread setup and kernel code: calibrations are only reused on
+    a match."""
     import numba
 
     info = Path("/proc/cpuinfo")
@@ -35,7 +52,8 @@ def fingerprint() -> str:
     cpu = next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "")
     parts = [platform.machine(), cpu or platform.processor(), str(os.cpu_count()),
              np.__version__, numba.__version__, str(numba.get_num_threads()),
-             os.environ.get("OPENBLAS_NUM_THREADS", ""), os.environ.get("OMP_NUM_THREADS", "")]
+             os.environ.get("OPENBLAS_NUM_THREADS", ""), os.environ.get("OMP_NUM_THREADS", ""),
+             kernels_digest()]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

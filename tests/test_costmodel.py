@@ -217,3 +217,24 @@ def test_a_stream_of_steps_overlaps_them_each_worker_starting_when_its_own_step_
     assert cm.predict(g, placement).step_seconds == pytest.approx(4.0)
     assert cm.stream_seconds(g, placement) == pytest.approx(3.0)
     assert cm.stream_seconds(g, dict.fromkeys(placement, 0)) == pytest.approx(5.0)
+
+
+def test_a_saved_kernel_keeps_its_faster_time_and_the_other_kernels(tmp_path, monkeypatch):
+    # a calibration taken while the machine is busy must not slow the cache that plans read
+    monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(tmp_path / "cm.json"))
+    CostModel(measured={"a": [1e-3, "matmul", 2e6, 1e3], "b": [2e-3, "matmul", 4e6, 1e3]}).save()
+    CostModel(measured={"a": [3e-3, "matmul", 2e6, 1e3], "c": [1e-4, "add", 0, 1e5]}).save()
+    cached = CostModel.default()
+    assert {s: v[0] for s, v in cached.measured.items()} == {"a": 1e-3, "b": 2e-3, "c": 1e-4}
+    assert cached.flop_rates["matmul"] == pytest.approx(2e6 / (1e-3 - cached.overhead_s))
+    CostModel(measured={"a": [5e-4, "matmul", 2e6, 1e3]}).save()  # faster now: taken
+    assert CostModel.default().measured["a"][0] == 5e-4
+
+
+def test_the_cache_is_kept_per_kernel_code(tmp_path, monkeypatch):
+    import graphflow.timing as timing
+
+    monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(tmp_path / "cm.json"))
+    CostModel(measured={"a": [1e-3, "matmul", 2e6, 1e3]}).save()
+    monkeypatch.setattr(timing, "kernels_digest", lambda: "other kernels")
+    assert CostModel.default().measured == {}  # timings of other kernels are not reused
