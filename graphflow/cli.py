@@ -82,8 +82,10 @@ def _parser() -> argparse.ArgumentParser:
                         "the shards listen")
     m.add_argument("--microbatches", type=microbatch_count, default=1,
                    help="pipeline each batch in this many micro-batches (layerwise plans), "
-                        "or auto: the count of 2, 4, 8 with the shortest predicted step")
-    m.add_argument("--schedule", default="1f1b", choices=list(SCHEDULES))
+                        "or auto: the count of 2, 3, 4, 8 with the shortest predicted step")
+    m.add_argument("--schedule", default="eager", choices=list(SCHEDULES),
+                   help="pipeline schedule: gpipe, 1f1b, or eager (1F1B with twice the "
+                        "warm-up forwards; the default)")
     d = t.add_argument_group("data parallelism (parameter server)")
     d.add_argument("--replicas", type=count, default=1,
                    help="model replicas sharing a sharded parameter server (default 1: none)")

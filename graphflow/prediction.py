@@ -74,7 +74,7 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
     return dispatch + max(end + u for end, u in zip(ends, update, strict=True))
 
 
-MICROBATCH_CHOICES = (2, 4, 8)
+MICROBATCH_CHOICES = (2, 3, 4, 8)
 
 
 def largest_microbatch(batch: int, microbatches: int) -> int:

@@ -111,13 +111,13 @@ class PartitionedTrainer(Trainer):
     """Trains a Model split across workers (model parallelism): `parts` workers placed by
     `strategy`, run as threads, local processes or remote `hosts`. Parameters live on the
     workers; `accuracy` and `predict` first copy them into a local session. `microbatches`
-    "auto" takes the count of 2, 4, 8 with the shortest predicted step at `batch` (1 where the
+    "auto" takes the count of 2, 3, 4, 8 with the shortest predicted step at `batch` (1 where the
     plan cannot pipeline): `self.microbatches` says which."""
 
     def __init__(self, model: Model, optimizer: Optimizer, parts: int,
                  strategy: str = "spatial", mode: str = "threads",
                  hosts: list[str] | None = None, microbatches: int | Literal["auto"] = 1,
-                 schedule: str = "1f1b", timeout: float = 60.0,
+                 schedule: str = "eager", timeout: float = 60.0,
                  batch: int | None = None) -> None:
         self.model, self.optimizer = model, optimizer
         self.session = Session(model.graph)

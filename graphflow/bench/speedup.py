@@ -14,8 +14,9 @@ rounds). The cost model's kernels are timed again after every round and predicti
 medians: a shared machine's speed drifts within minutes, and a calibration made once, before
 the rounds, missed by 30-40% when it did. A pipelined prediction
 runs the schedule through `graphflow.runtime.pipeline.simulate` with the cost model's per-stage
-forward, backward and weight-gradient times; by default it also picks the pipelined row's
-micro-batch count (2, 4 or 8), the one with the shortest predicted step.
+forward, backward and weight-gradient times. By default the pipelined row runs the
+micro-batch count (2, 3, 4 or 8) that was fastest in a short trial of each before the rounds;
+the predictions of every count are in the JSON beside the trial's times.
 """
 
 from __future__ import annotations
@@ -24,11 +25,7 @@ import argparse
 import json
 import statistics
 import sys
-import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +39,7 @@ from graphflow.bench import (
     machine_info,
     single_threaded,
 )
+from graphflow.bench.rounds import fastest_microbatches, start_cluster, time_rounds
 from graphflow.bench.speedup_plot import plot
 from graphflow.costmodel import CostModel, kernels
 from graphflow.ir import Node
@@ -65,7 +63,6 @@ from graphflow.trace import recording
 WORKLOADS = ("lc-large", "speech-mlp", "digits-lc")
 MACHINES = (1, 2, 4, 8, 16, 32, 64)
 TOLERANCE = 0.25  # allowed relative error of the cost model at every measured point
-OPTIMIZER = {"name": "sgd", "lr": 0.001}
 COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("workers", "P"),
            ("ms", "median ms"), ("speedup", "speedup"), ("paired", "paired"),
            ("pred_ms", "pred ms"),
@@ -111,10 +108,10 @@ def parser() -> argparse.ArgumentParser:
                    help="one process per worker (default) or one thread per worker")
     p.add_argument("--microbatches", type=microbatch_count, default=None,
                    help="micro-batches of the pipelined layerwise rows: a count (1: no "
-                        "pipelined rows) or auto, the count of 2, 4, 8 with the shortest "
-                        "predicted step (auto)")
-    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
-                   help="pipeline schedule of the pipelined layerwise rows (1f1b)")
+                        "pipelined rows) or auto, the count of 2, 3, 4, 8 fastest in a short "
+                        "trial of each (auto)")
+    p.add_argument("--schedule", choices=SCHEDULES, default="eager",
+                   help="pipeline schedule of the pipelined layerwise rows (eager)")
     p.add_argument("--json", type=Path, default=Path("benchmarks/results/speedup.json"),
                    help="every time, prediction and the machine (%(default)s)")
     p.add_argument("--png", type=Path, default=Path("benchmarks/results/speedup.png"),
@@ -198,7 +195,7 @@ def variants(args: argparse.Namespace) -> list[tuple[str, str, int | str]]:
 
 
 def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
-    """Start every cluster of the workload, then time them in rounds (see `time_rounds`)."""
+    """Start every cluster of the workload, then time them in rounds (bench/rounds.py)."""
     rng = np.random.default_rng(0)
     feeds = {model.x.name: rng.standard_normal((args.batch, *model.x.shape[1:]),
                                                dtype=np.float32),
@@ -215,7 +212,7 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
               for (label, _, mb), n in todo]
     with ExitStack() as stack, Progress(len(todo) + args.steps, model.name,
                                         enabled=not args.no_progress) as bar:
-        base, other = (stack.enter_context(_cluster(plan1, args, 1, feeds, f"P=1 ({x})"))
+        base, other = (stack.enter_context(start_cluster(plan1, args, 1, feeds, f"P=1 ({x})"))
                        for x in "ab")
         running: dict[int, Cluster] = {}
         for i, ((label, strategy, mb), n) in enumerate(todo):
@@ -224,16 +221,21 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
                 plan = plans[i] = partition(model.graph, n, strategy, loss=model.loss,
                                             cost=cost)
                 points[i].update(workers_used=workers_used(plan), times_s=[])
+                cluster = None
                 if mb == "auto":
                     bar.label = f"{model.name} choosing micro-batches for {label} P={n}"
                     mb, choices = best_microbatches(plan, args.batch, args.repeats,
                                                     args.schedule)
+                    if choices:  # the predictions ranked them: a trial measures them
+                        mb, cluster, trials = fastest_microbatches(
+                            plan, args, sorted(choices), feeds, f"{label} P={n}")
+                        points[i]["microbatch_trials_s"] = trials
                     points[i].update(microbatches=mb, microbatch_predictions_s=choices)
                 for b in {largest_microbatch(args.batch, mb), args.batch}:
                     CostModel.calibrate(plan.graph, b, args.repeats)  # (new kernel shapes)
                     retimed.setdefault(b, {}).update(kernels(plan.graph, b))
-                running[i] = stack.enter_context(_cluster(plan, args, mb, feeds,
-                                                          f"{label} P={n}"))
+                running[i] = stack.enter_context(
+                    cluster or start_cluster(plan, args, mb, feeds, f"{label} P={n}"))
             except Exception as e:  # noqa: BLE001 - one failed point is reported
                 points[i]["error"] = f"{type(e).__name__}: {e}"
             bar.update()
@@ -285,59 +287,6 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
                            "latency_s": cost.link.latency_s}}
 
 
-def time_rounds(base: Cluster, other: Cluster, running: dict[int, Cluster],
-                points: list[dict[str, Any]], feeds: dict[str, np.ndarray],
-                args: argparse.Namespace, bar: Progress,
-                between: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    """`args.steps` rounds, each: `args.window` steps of the 1-worker `base` alone, as many of
-    `base` and of the independent 1-worker `other` at once (the ceiling), as many of every
-    running point, then `between` (the cost model's kernels timed again). A neighbour's burst
-    so spreads over all points instead of spoiling one. Times are per step."""
-    alone, both = [], []
-    window = args.window
-    with ThreadPoolExecutor(2) as pool:
-        for r in range(args.steps):
-            alone.append(_timed(base, feeds, window))
-            t0 = time.perf_counter()
-            list(pool.map(lambda c: _timed(c, feeds, window), (base, other)))
-            both.append((time.perf_counter() - t0) / window)
-            for i, cluster in list(running.items()):
-                try:
-                    points[i]["times_s"].append(_timed(cluster, feeds, window))
-                except Exception as e:  # noqa: BLE001 - drop the point, keep the others
-                    points[i]["error"] = f"{type(e).__name__}: {e}"
-                    del running[i]
-            between()
-            bar.label = f"{points[0]['workload'] if points else ''} round {r + 1}/{args.steps}"
-            bar.update(alone_ms=1e3 * alone[-1], both_ms=1e3 * both[-1])
-    return {"alone_s": alone, "together_s": both,
-            "ratio": 2 * statistics.median(alone) / statistics.median(both)}
-
-
-def _cluster(plan: Plan, args: argparse.Namespace, microbatches: int,
-             feeds: dict[str, np.ndarray], label: str) -> Cluster:
-    """A started cluster for `plan`, warmed up by `args.warmup` steps; `label` names its
-    workers in a --trace."""
-    extra = {"microbatches": microbatches, "schedule": args.schedule} if microbatches > 1 else {}
-    cluster = Cluster(plan, mode=args.mode, optimizer=OPTIMIZER, timeout=300.0, **extra)
-    cluster.trace_label = label
-    try:
-        for _ in range(args.warmup):
-            cluster.step(feeds)
-    except BaseException:
-        cluster.close()
-        raise
-    return cluster
-
-
-def _timed(cluster: Cluster, feeds: dict[str, np.ndarray], window: int) -> float:
-    """Seconds per step of `window` streamed training steps."""
-    t0 = time.perf_counter()
-    for _ in cluster.stream(repeat(feeds, window)):
-        pass
-    return (time.perf_counter() - t0) / window
-
-
 def _table_row(workload: str, pt: dict[str, Any]) -> dict[str, Any]:
     note = pt.get("note") or pt.get("error")
     row: dict[str, Any] = {"workload": workload, "strategy": pt["strategy"],
@@ -351,7 +300,7 @@ def _table_row(workload: str, pt: dict[str, Any]) -> dict[str, Any]:
         if pt.get("workers_used", pt["workers"]) < pt["workers"]:
             row["note"] = f"only {pt['workers_used']} workers get work"
         if "microbatch_rate" in pt:  # how many, and how fast their kernels run (why it loses)
-            how = " (auto)" if "microbatch_predictions_s" in pt else ""
+            how = " (auto)" if "microbatch_trials_s" in pt else ""
             row["note"] = (f"{pt['microbatches']} micro-batches{how}, kernels at "
                            f"{pt['microbatch_rate']:.0%} of full-batch speed")
     goal = target(workload, pt["strategy"], pt["workers"])

@@ -89,7 +89,7 @@ class Cluster:
 
     def __init__(self, plan: Plan, mode: str = "threads", hosts: Sequence[str] | None = None,
                  optimizer: Mapping[str, Any] | None = None, timeout: float = 30.0,
-                 microbatches: int = 1, schedule: str = "1f1b",
+                 microbatches: int = 1, schedule: str = "eager",
                  local_workers: int | None = None) -> None:
         if mode not in ("threads", "processes", "remote"):
             raise ValueError(f"unknown mode '{mode}': threads, processes or remote")

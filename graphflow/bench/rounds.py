@@ -1,0 +1,98 @@
+"""Clusters of `graphflow bench speedup`: started and warmed up, timed in rounds, and the
+micro-batch count of a pipelined row chosen by a short trial of each."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+
+from graphflow.partitioners import Plan
+from graphflow.progress import Progress
+from graphflow.runtime.cluster import Cluster
+
+OPTIMIZER = {"name": "sgd", "lr": 0.001}
+TRIAL_ROUNDS = 3  # interleaved windows per micro-batch count in a trial
+
+
+def time_rounds(base: Cluster, other: Cluster, running: dict[int, Cluster],
+                points: list[dict[str, Any]], feeds: dict[str, np.ndarray],
+                args: argparse.Namespace, bar: Progress,
+                between: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """`args.steps` rounds, each: `args.window` steps of the 1-worker `base` alone, as many of
+    `base` and of the independent 1-worker `other` at once (the ceiling), as many of every
+    running point, then `between` (the cost model's kernels timed again). A neighbour's burst
+    so spreads over all points instead of spoiling one. Times are per step."""
+    alone, both = [], []
+    window = args.window
+    with ThreadPoolExecutor(2) as pool:
+        for r in range(args.steps):
+            alone.append(timed(base, feeds, window))
+            t0 = time.perf_counter()
+            list(pool.map(lambda c: timed(c, feeds, window), (base, other)))
+            both.append((time.perf_counter() - t0) / window)
+            for i, cluster in list(running.items()):
+                try:
+                    points[i]["times_s"].append(timed(cluster, feeds, window))
+                except Exception as e:  # noqa: BLE001 - drop the point, keep the others
+                    points[i]["error"] = f"{type(e).__name__}: {e}"
+                    del running[i]
+            between()
+            bar.label = f"{points[0]['workload'] if points else ''} round {r + 1}/{args.steps}"
+            bar.update(alone_ms=1e3 * alone[-1], both_ms=1e3 * both[-1])
+    return {"alone_s": alone, "together_s": both,
+            "ratio": 2 * statistics.median(alone) / statistics.median(both)}
+
+
+def start_cluster(plan: Plan, args: argparse.Namespace, microbatches: int,
+             feeds: dict[str, np.ndarray], label: str) -> Cluster:
+    """A started cluster for `plan`, warmed up by `args.warmup` steps; `label` names its
+    workers in a --trace."""
+    extra = {"microbatches": microbatches, "schedule": args.schedule} if microbatches > 1 else {}
+    cluster = Cluster(plan, mode=args.mode, optimizer=OPTIMIZER, timeout=300.0, **extra)
+    cluster.trace_label = label
+    try:
+        for _ in range(args.warmup):
+            cluster.step(feeds)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster
+
+
+def timed(cluster: Cluster, feeds: dict[str, np.ndarray], window: int) -> float:
+    """Seconds per step of `window` streamed training steps."""
+    t0 = time.perf_counter()
+    for _ in cluster.stream(repeat(feeds, window)):
+        pass
+    return (time.perf_counter() - t0) / window
+
+
+def fastest_microbatches(plan: Plan, args: argparse.Namespace, counts: Sequence[int],
+                         feeds: dict[str, np.ndarray], label: str
+                         ) -> tuple[int, Cluster, dict[int, float]]:
+    """Start a cluster of `plan` for each micro-batch count, time each in TRIAL_ROUNDS
+    interleaved windows, and keep the fastest: (its count, its cluster, every count's median
+    seconds per step). The cost model ranks the counts too, but its guesses for small
+    micro-batches missed which was fastest here (speech-mlp: 2 predicted best and measured
+    8% slower than 3)."""
+    clusters: dict[int, Cluster] = {}
+    try:
+        for m in counts:
+            clusters[m] = start_cluster(plan, args, m, feeds, f"{label} trial {m}")
+        times: dict[int, list[float]] = {m: [] for m in counts}
+        for _ in range(TRIAL_ROUNDS):
+            for m, cluster in clusters.items():
+                times[m].append(timed(cluster, feeds, args.window))
+        medians = {m: statistics.median(t) for m, t in times.items()}
+        best = min(medians, key=medians.__getitem__)
+        return best, clusters.pop(best), medians
+    finally:
+        for cluster in clusters.values():
+            cluster.close()
