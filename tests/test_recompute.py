@@ -91,3 +91,25 @@ def test_other_strategies_keep_their_placement(strategy):
     m = gf.models.lc_large(batch=None)
     plan = partition(m.graph, 3, strategy, loss=m.loss)
     assert all(n.name == original_name(n.name) for n in plan.graph)
+
+
+def test_the_search_prices_a_bounded_number_of_candidates(monkeypatch):
+    import graphflow.partitioners.recompute as recompute
+
+    priced = []
+    real = CostModel.stream_seconds
+
+    def counting(self, *args, **kwargs):
+        priced.append(1)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(CostModel, "stream_seconds", counting)
+    m = gf.models.speech_mlp(batch=None)
+    copies = [sum(n.name != original_name(n.name) for n in
+                  partition(m.graph, 8, "spatial", loss=m.loss).graph)]
+    unbounded = len(priced)
+    assert unbounded > 6  # the step without copies, then one per candidate priced
+    priced.clear()
+    monkeypatch.setattr(recompute, "MAX_PRICED", 5)
+    plan = partition(m.graph, 8, "spatial", loss=m.loss)
+    assert len(priced) == 1 + 5
+    assert 0 < sum(n.name != original_name(n.name) for n in plan.graph) < copies[0]
