@@ -207,16 +207,13 @@ class CostModel:
         return self.link
 
     def save(self, path: Path | None = None) -> Path:
-        """Write this calibration under this machine's fingerprint (atomic replace). Kernels
-        timed before keep the faster of their two times (and the others stay): a busy machine
-        only ever slows a kernel, and a calibration taken beside the test suite had flipped
-        speech-mlp's layerwise split to one 20% slower."""
+        """Write this calibration under this machine's fingerprint (atomic replace); a kernel
+        timed before keeps the faster time (a busy machine only slows kernels), others stay."""
         path = path or cache_path()
         data = read_cache(path)
         merged = CostModel(measured=data.get(fingerprint(), {}).get("measured"))
-        for sig, sample in self.measured.items():
-            if sig not in merged.measured or sample[0] < merged.measured[sig][0]:
-                merged.measured[sig] = list(sample)
+        merged.measured.update({sig: list(v) for sig, v in self.measured.items()
+                                if v[0] < merged.measured.get(sig, [float("inf")])[0]})
         merged._fit()
         data[fingerprint()] = {
             "measured": merged.measured, "flop_rates": merged.flop_rates,

@@ -51,7 +51,7 @@ def time_rounds(base: Cluster, other: Cluster, running: dict[int, Cluster],
 
 
 def start_cluster(plan: Plan, args: argparse.Namespace, microbatches: int,
-             feeds: dict[str, np.ndarray], label: str) -> Cluster:
+                  feeds: dict[str, np.ndarray], label: str) -> Cluster:
     """A started cluster for `plan`, warmed up by `args.warmup` steps; `label` names its
     workers in a --trace."""
     extra = {"microbatches": microbatches, "schedule": args.schedule} if microbatches > 1 else {}
