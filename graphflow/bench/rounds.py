@@ -80,8 +80,8 @@ def fastest_microbatches(plan: Plan, args: argparse.Namespace, counts: Sequence[
     """Start a cluster of `plan` for each micro-batch count, time each in TRIAL_ROUNDS
     interleaved windows, and keep the fastest: (its count, its cluster, every count's median
     seconds per step). The cost model ranks the counts too, but its guesses for small
-    micro-batches missed which was fastest here (speech-mlp: 2 predicted best and measured
-    8% slower than 3)."""
+    micro-batches missed which was fastest here (speech-mlp: 2 predicted best, measured 6-9%
+    slower than 3 in two runs)."""
     clusters: dict[int, Cluster] = {}
     try:
         for m in counts:
