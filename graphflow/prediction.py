@@ -82,8 +82,8 @@ def largest_microbatch(batch: int, microbatches: int) -> int:
     step is predicted as if every micro-batch had that many."""
     return max(microbatch_rows(batch, microbatches))
 # Predictions this close are a tie, and fewer micro-batches win it: each one more costs
-# messages and task switches the model leaves out (speech-mlp, batch 64: 2 and 4 predicted
-# within 4%, measured 1.32x and 1.21x).
+# messages and task switches the model leaves out (speech-mlp, batch 64, eager: 2, 3 and 4
+# predicted within 5%, measured within 1-2% of each other; 8, 30% slower).
 TIE = 0.05
 
 
@@ -112,8 +112,8 @@ def best_microbatches(plan: Plan, batch: int, repeats: int,
 
 def microbatch_rate(plan: Plan, batch: int, microbatches: int, cost: CostModel) -> float:
     """How fast the forward and backward kernels run on micro-batches, as a fraction of their
-    speed on the whole batch (a gemm of few rows is slower per row: it packs the whole weight
-    for every call)."""
+    speed on the whole batch (a gemm of few rows is slower per row: every micro-batch reads
+    the whole weight again)."""
     weights = weight_phase(plan)
     nodes = [n for n in plan.graph.nodes if n.op not in SOURCE_OPS and n.name not in weights]
     whole = sum(cost.node_seconds(n, batch) for n in nodes)
