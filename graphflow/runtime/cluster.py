@@ -40,6 +40,7 @@ from graphflow.partitioners.plan import Plan
 from graphflow.runtime import pipeline
 from graphflow.runtime.clusterfile import read_cluster_file
 from graphflow.runtime.cores import BLAS_LIMIT, worker_env
+from graphflow.runtime.heap import keep_freed_memory
 from graphflow.runtime.inflight import FeedBuffers, SentStep
 from graphflow.runtime.mailbox import PeerFailed
 from graphflow.runtime.service import serve
@@ -50,8 +51,7 @@ from graphflow.trace.recorder import clock
 from graphflow.transport.endpoint import PeerTimeout
 from graphflow.transport.rpc import RemoteError, RpcClient
 
-# a worker's failure because of another's (it waited for it, or was told it failed): the
-# driver reports the other one
+# a worker's failure because of another's (it waited for it, or was told): report the other
 SECONDARY = (f"{PeerTimeout.__name__}:", f"{PeerFailed.__name__}:")
 
 
@@ -83,9 +83,9 @@ class Cluster:
     worker's parameters in place after every `step`; `timeout` bounds every wait. With
     `microbatches` > 1 each batch is cut into that many micro-batches that flow through a
     layerwise plan's stages in `schedule` order ("gpipe", "1f1b" or "eager": see
-    runtime/pipeline.py), gradients averaged.
-    `local_workers` (default: the plan's parts) is how many workers of this and other
-    clusters share this machine's cores; each local worker gets its share of BLAS threads."""
+    runtime/pipeline.py), gradients averaged. `local_workers` (default: the plan's parts) is
+    how many workers of this and other clusters share this machine's cores; each local worker
+    gets its share of BLAS threads. Threads-mode workers keep freed memory (runtime/heap.py)."""
 
     def __init__(self, plan: Plan, mode: str = "threads", hosts: Sequence[str] | None = None,
                  optimizer: Mapping[str, Any] | None = None, timeout: float = 30.0,
@@ -96,8 +96,7 @@ class Cluster:
         if hosts is not None:
             mode = "remote"
             if len(hosts) != plan.parts:
-                raise ValueError(f"the plan has {plan.parts} parts but {len(hosts)} hosts "
-                                 "were given")
+                raise ValueError(f"the plan has {plan.parts} parts, {len(hosts)} hosts were given")
         self.plan, self.mode, self.timeout = plan, mode, timeout
         if microbatches > 1:
             pipeline.schedule(schedule, 0, plan.parts, microbatches)  # validates the arguments
@@ -148,6 +147,8 @@ class Cluster:
     def _start_workers(self, hosts: Sequence[str] | None) -> list[str]:
         if self.mode == "remote":
             return list(hosts or [])
+        if self.mode == "threads":  # the workers' tensors, every step again: see runtime/heap
+            keep_freed_memory()
         addresses = []
         for i in range(self.plan.parts):
             if self.mode == "threads":
