@@ -48,11 +48,6 @@ print(inside == between == {core_share(2)}, blas() == before)
     assert r.stdout.split() == ["True", "True"], r.stdout
 
 
-def _minor_faults(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[7])
-
-
 HEAP_PROBE = """
 import resource, sys, threading
 import numpy as np
@@ -95,58 +90,39 @@ def test_keep_freed_memory_stops_the_page_faults_of_repeated_tensors(monkeypatch
     assert with_heap < 50 < without, (with_heap, without)
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
-def test_a_worker_process_reuses_its_tensors_memory_from_step_to_step(monkeypatch):
-    """Steps after the first allocate the same tensors again: the worker's heap keeps their
-    memory, so a step faults in (and the kernel zeroes) almost no fresh pages (measured: 1
-    a step, against 3300 with glibc's defaults)."""
-    import numpy as np
-
-    import graphflow as gf
-    from graphflow.runtime import Cluster
-
-    for var in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"):
-        monkeypatch.delenv(var, raising=False)
-    m = gf.models.speech_mlp(batch=None)
-    plan = gf.partition(m.graph, 1, "layerwise", loss=m.loss)
-    rng = np.random.default_rng(0)
-    feeds = {"x": rng.standard_normal((64, 440), dtype=np.float32),
-             "y": rng.integers(0, 8192, 64, dtype=np.int32)}
-    with Cluster(plan, mode="processes", optimizer={"name": "sgd", "lr": 0.01}) as cluster:
-        for _ in range(2):
-            cluster.step(feeds)
-        pid = cluster._procs[0].pid
-        before = _minor_faults(pid)
-        for _ in range(3):
-            cluster.step(feeds)
-        per_step = (_minor_faults(pid) - before) / 3
-    assert per_step < 500, f"{per_step:.0f} page faults per step"
-
-
-THREADS_STEPS = """
-import resource
+STEPS = """
+import os, sys
 import numpy as np, graphflow as gf
 from graphflow.runtime import Cluster
+def faults(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
 m = gf.models.speech_mlp(batch=None)
 plan = gf.partition(m.graph, 1, "layerwise", loss=m.loss)
 rng = np.random.default_rng(0)
 feeds = {"x": rng.standard_normal((64, 440), dtype=np.float32),
          "y": rng.integers(0, 8192, 64, dtype=np.int32)}
-with Cluster(plan, mode="threads", optimizer={"name": "sgd", "lr": 0.01}) as cluster:
+with Cluster(plan, mode=sys.argv[1], optimizer={"name": "sgd", "lr": 0.01}) as cluster:
     for _ in range(2):
         cluster.step(feeds)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    pid = cluster._procs[0].pid if cluster._procs else os.getpid()
+    before = faults(pid)
     for _ in range(3):
         cluster.step(feeds)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 3)
+    print((faults(pid) - before) / 3)
 """
 
 
-def test_a_threads_mode_worker_reuses_its_tensors_memory_from_step_to_step():
-    """A worker thread's tensors come from the process's heap too (the cluster sets it up): a
-    step faulted in 1700 fresh pages before, among them the 84 MB output-layer gradient's."""
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
+@pytest.mark.parametrize("mode", ["processes", "threads"])
+def test_a_worker_reuses_its_tensors_memory_from_step_to_step(mode):
+    """Steps after the first allocate the same tensors again: the worker's heap keeps their
+    memory, so a step faults in (and the kernel zeroes) almost no fresh pages (measured: 1 a
+    step, against 3300 with glibc's defaults). A worker thread's tensors come from the
+    process's heap too (the cluster sets it up): 1700 fresh pages a step before, among them
+    the 84 MB output-layer gradient's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    r = subprocess.run([sys.executable, "-c", THREADS_STEPS], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", STEPS, mode], capture_output=True, text=True,
                        env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     per_step = float(r.stdout.split()[-1])
