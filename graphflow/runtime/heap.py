@@ -11,8 +11,8 @@ threads-mode worker mapped speech-mlp's 84 MB output-layer gradient afresh every
 10% slower than a worker process. One arena (M_ARENA_MAX) serves every thread from the heap.
 
 The command line (so every worker process and driver it starts) calls `keep_freed_memory`
-first, and so does a threads-mode Cluster; a library user may call it too. It does nothing where malloc is not glibc's or where
-the user tunes it (any MALLOC_* environment variable).
+first, and so does a threads-mode Cluster; a library user may call it too. It does nothing
+where malloc is not glibc's or where the user tunes it (any MALLOC_* environment variable).
 """
 
 from __future__ import annotations
