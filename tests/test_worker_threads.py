@@ -60,7 +60,7 @@ def steps():
         a, b = np.ones(16 << 20, np.float32), np.ones(6 << 20, np.float32)
         del a, b
         counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-if sys.argv[2] == "thread":  # (a worker thread's own malloc arena, unless there is one)
+if sys.argv[2] == "thread":  # (glibc gives a new thread an arena of its own, unless told not to)
     runner = threading.Thread(target=steps)
     runner.start()
     runner.join()
