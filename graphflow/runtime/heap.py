@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
+from typing import Any
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -2, -3, -8  # mallopt's
 SETTINGS = ((M_MMAP_THRESHOLD, 1 << 30), (M_TRIM_THRESHOLD, 2**31 - 1), (M_TOP_PAD, 1 << 28),
@@ -31,9 +33,15 @@ def keep_freed_memory() -> bool:
     one arena; True if they were set."""
     if any(k.startswith("MALLOC_") for k in os.environ):
         return False  # the user's own tuning wins
-    name = ctypes.util.find_library("c")
+    mallopt = _mallopt()
+    return mallopt is not None and all(mallopt(param, value) == 1 for param, value in SETTINGS)
+
+
+@functools.cache
+def _mallopt() -> Any:
+    """libc's mallopt, or None where malloc is not glibc's (macOS, musl): looked up once, as
+    every threads-mode cluster start asks (find_library runs ldconfig)."""
     try:
-        mallopt = ctypes.CDLL(name).mallopt
+        return ctypes.CDLL(ctypes.util.find_library("c")).mallopt
     except (OSError, AttributeError, TypeError):
-        return False  # not glibc (macOS, musl): its malloc keeps its defaults
-    return all(mallopt(param, value) == 1 for param, value in SETTINGS)
+        return None
