@@ -1,9 +1,10 @@
 """Matrix multiply: matmul(a, b) = op(a) @ op(b), op = identity or transpose (attrs transpose_a/b).
 
 The kernel calls BLAS gemm with transpose flags, so transposed operands are never copied; a few
-rows against a large b or b.T (a dense layer on a micro-batch) go to `small_gemm`, which does
-not pack b on every call, and a.T @ b summed over a few rows (a dense layer's weight gradient)
-to `short_gemm`, which writes out once.
+rows against a large b (a dense layer's forward on a micro-batch) go to `small_gemm`, which does
+not pack b on every call, a @ b.T against a large b (its backward, dx = dy @ w.T) to
+`lane_gemm`, which keeps a's rows in vector lanes, and a.T @ b summed over a few rows (its
+weight gradient) to `short_gemm`, which writes out once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from numba import njit
 from graphflow.errors import ShapeError
 from graphflow.ir import Node
 from graphflow.ops.blas import NT, TR, gemm
+from graphflow.ops.lane_gemm import matmul_nt_lanes
+from graphflow.ops.lane_gemm import wins as lane_wins
 from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
 from graphflow.ops.short_gemm import matmul_tn
 from graphflow.ops.short_gemm import wins as short_wins
@@ -46,11 +49,15 @@ def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool
         return out
     done = 0  # leading columns of out already computed
     float32 = a.dtype == b.dtype == out.dtype == np.float32  # (the vector kernels' type)
+    lanes = transpose_b and not transpose_a and float32 and lane_wins(m, n, k)
     if transpose_a and not transpose_b and float32 and short_wins(m, n, k):
         done = matmul_tn(a, b, out, accumulate)
-    elif not transpose_a and wins(m, n, k):
-        if accumulate:  # (small_gemm overwrites its out)
+    elif lanes or not transpose_a and wins(m, n, k):
+        if accumulate:  # (lane_gemm and small_gemm overwrite their out)
             out += matmul_into(a, b, np.empty_like(out), transpose_a, transpose_b)
+            return out
+        if lanes:
+            matmul_nt_lanes(a, b, out)
             return out
         if transpose_b:
             matmul_nt(a, b, out, out.dtype.type(0))

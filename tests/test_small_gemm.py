@@ -5,6 +5,7 @@ import pytest
 
 import graphflow as gf
 import graphflow.ops.matmul as matmul_mod
+from graphflow.ops.lane_gemm import matmul_nt_lanes
 from graphflow.ops.matmul import matmul, matmul_into
 from graphflow.ops.reduce import reduce_sum
 from graphflow.ops.small_gemm import (
@@ -101,6 +102,7 @@ def test_matmul_into_sends_small_products_here_and_the_rest_to_blas(monkeypatch)
             return kernel(*args)
         return call
     monkeypatch.setattr(matmul_mod, "matmul_nt", spy(matmul_nt, "nt"))
+    monkeypatch.setattr(matmul_mod, "matmul_nt_lanes", spy(matmul_nt_lanes, "nt lanes"))
     monkeypatch.setattr(matmul_mod, "matmul_nn", spy(matmul_nn, "nn"))
     rng = np.random.default_rng(0)
     a, b, big = (rng.standard_normal(s) for s in [(8, 512), (130, 512), (128, 512)])
@@ -113,9 +115,10 @@ def test_matmul_into_sends_small_products_here_and_the_rest_to_blas(monkeypatch)
                 (matmul_into(a, b.T.copy(), np.empty((8, 130), dtype)), a @ b.T),
                 (matmul_into(big, b.T.copy(), np.empty((128, 130), dtype)), big @ b.T)]:
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
-    # a @ b.T of either dtype; a @ b in float32 only, its last 2 columns with BLAS
-    assert calls == [("nt", (8, 130), "float64"), ("nt", (8, 130), "float32"),
-                     ("nn", (8, 130), "float32")]
+    # a @ b.T of either dtype, float32 with the rows in lanes at any row count; a @ b in
+    # float32 only, its last 2 columns with BLAS
+    assert calls == [("nt", (8, 130), "float64"), ("nt lanes", (8, 130), "float32"),
+                     ("nt lanes", (128, 130), "float32"), ("nn", (8, 130), "float32")]
 
 
 def test_the_vector_intrinsics_take_only_flat_float32_arrays():
