@@ -111,18 +111,19 @@ def matmul_nt(a: np.ndarray, b: np.ndarray, out: np.ndarray, zero: float) -> Non
 
 @njit(nogil=True, cache=True, inline="always")
 def _nn_rows4(a: np.ndarray, b: np.ndarray, o: np.ndarray, i: int, j: int, n: int, k0: int,
-              k1: int, ahead_row: int, ahead_col: int) -> None:
-    """o[i:i+4, j:j+64] += a[i:i+4, k0:k1] @ b[k0:k1, j:j+64] (b and o flat, n columns); on
-    the way, one cache line a row of b's rows k0 + ahead_row.. at column ahead_col goes to L2."""
-    last = (a.shape[1] - 1) * n
+              k1: int, b_at: int, b_step: int, ahead: int) -> None:
+    """o[i:i+4, j:j+64] += a[i:i+4, k0:k1] @ b's panel (o flat, n columns; b flat, row p of
+    the panel at b_at + p * b_step: a row of b, or of a packed copy, ops/packed_gemm.py); on
+    the way, the cache line `ahead` floats on from each row goes to L2."""
+    last = b.size - 1
     r0, r1, r2, r3 = i * n + j, (i + 1) * n + j, (i + 2) * n + j, (i + 3) * n + j
     c00, c01, c02, c03 = vload(o, r0), vload(o, r0 + 16), vload(o, r0 + 32), vload(o, r0 + 48)
     c10, c11, c12, c13 = vload(o, r1), vload(o, r1 + 16), vload(o, r1 + 32), vload(o, r1 + 48)
     c20, c21, c22, c23 = vload(o, r2), vload(o, r2 + 16), vload(o, r2 + 32), vload(o, r2 + 48)
     c30, c31, c32, c33 = vload(o, r3), vload(o, r3 + 16), vload(o, r3 + 32), vload(o, r3 + 48)
     for p in range(k0, k1):
-        q = p * n + j
-        prefetch(b, min((p + ahead_row) * n, last) + ahead_col)
+        q = b_at + p * b_step
+        prefetch(b, min(q + ahead, last))
         b0, b1, b2, b3 = vload(b, q), vload(b, q + 16), vload(b, q + 32), vload(b, q + 48)
         x = vsplat(a[i, p])
         c00, c01, c02, c03 = vfma(x, b0, c00), vfma(x, b1, c01), vfma(x, b2, c02), vfma(x, b3, c03)
@@ -139,12 +140,12 @@ def _nn_rows4(a: np.ndarray, b: np.ndarray, o: np.ndarray, i: int, j: int, n: in
 
 @njit(nogil=True, cache=True, inline="always")
 def _nn_row1(a: np.ndarray, b: np.ndarray, out: np.ndarray, i: int, j: int, n: int, k0: int,
-             k1: int) -> None:
-    """out[i, j:j+64] += a[i, k0:k1] @ b[k0:k1, j:j+64] (b, out flat, n columns)."""
+             k1: int, b_at: int, b_step: int) -> None:
+    """out[i, j:j+64] += a[i, k0:k1] @ b's panel (as `_nn_rows4`)."""
     r = i * n + j
     c0, c1, c2, c3 = vload(out, r), vload(out, r + 16), vload(out, r + 32), vload(out, r + 48)
     for p in range(k0, k1):
-        q = p * n + j
+        q = b_at + p * b_step
         x = vsplat(a[i, p])
         c0, c1 = vfma(x, vload(b, q), c0), vfma(x, vload(b, q + 16), c1)
         c2, c3 = vfma(x, vload(b, q + 32), c2), vfma(x, vload(b, q + 48), c3)
@@ -190,9 +191,10 @@ def matmul_nn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
             k1 = min(k, k0 + BLOCK_ROWS)
             for j in range(j0, j1, PANEL):
                 k_next, j_next = _later_panel(j0, k0, j, c, k)
+                later = (k_next - k0) * n + j_next - j  # the later panel, from this one
                 for i in range(0, m4, 4):
                     line = (i // 4) % (PANEL // LANES) * LANES
-                    _nn_rows4(a, flat_b, flat_out, i, j, n, k0, k1, k_next - k0, j_next + line)
+                    _nn_rows4(a, flat_b, flat_out, i, j, n, k0, k1, j, n, later + line)
                 for i in range(m4, m):
-                    _nn_row1(a, flat_b, flat_out, i, j, n, k0, k1)
+                    _nn_row1(a, flat_b, flat_out, i, j, n, k0, k1, j, n)
     return c

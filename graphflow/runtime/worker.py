@@ -22,6 +22,7 @@ from graphflow.errors import located
 from graphflow.executor import accumulate_kernel, checked_value, run_kernel
 from graphflow.init import initial_value
 from graphflow.ir import Graph, Node, users_of
+from graphflow.ops import packed_gemm, small_gemm
 from graphflow.ops.registry import REGISTRY
 from graphflow.optim import OPTIMIZERS, Optimizer
 from graphflow.runtime import pipeline
@@ -110,6 +111,9 @@ class Worker:
         self.w_inputs = list(dict.fromkeys(x for n in weights for x in n.inputs
                                            if x not in deferred))
         self.w_groups = weight_groups(weights)
+        # the weights of its forward gemms, packed while the worker waits (ops/packed_gemm.py)
+        self.packed = packed_gemm.PackedWeights(
+            {name: self.params[name] for name in _forward_weights(self.order)})
         self.mail = Mailbox(worker_name(index), endpoint, timeout)
 
     @property
@@ -134,8 +138,9 @@ class Worker:
         """
         try:
             self.mail.begin(step)
-            return self._run_step(feeds, fetches, step, train, check_numerics, microbatches,
-                                  schedule, rows)
+            with packed_gemm.using(self.packed):
+                return self._run_step(feeds, fetches, step, train, check_numerics, microbatches,
+                                      schedule, rows)
         except Exception as e:
             self.mail.abort_peers(f"{type(e).__name__}: {e}")  # their waits for us end now
             raise
@@ -149,6 +154,8 @@ class Worker:
         else:
             tasks = pipeline.schedule(schedule, self.index, self.stages, microbatches)
         parts = {k: _split_batch(k, v, microbatches) for k, v in feeds.items()}
+        few_rows = max(sizes) <= small_gemm.MAX_ROWS  # (more go to BLAS, which packs its own)
+        self.packed.begin_step(self.params, microbatches if few_rows else 0)
         keep = set(fetches) | set(self.grads.values())
         runs: dict[int, _Run] = {}
         got: dict[str, list[np.ndarray]] = {name: [] for name in keep}
@@ -285,7 +292,15 @@ class Worker:
         while done < len(nodes):
             block = not ready and not urgent
             t0 = clock() if tr is not None else 0.0
-            arrived = self.mail.take(tag, waiting, block, deadline)
+            if block and self.packed.pending():  # idle: pack a weight for a forward to come
+                arrived = self.mail.take(tag, waiting, False, deadline)
+                if not arrived:
+                    self.packed.pack_next()
+                    if tr is not None:
+                        tr.add(EXECUTOR, "kernel", "pack weights", t0, clock(), {"op": "pack"})
+                    continue
+            else:
+                arrived = self.mail.take(tag, waiting, block, deadline)
             if tr is not None and block:  # the executor idles until a tensor comes
                 tr.add(EXECUTOR, "recv", "recv wait", t0, clock(),
                        {"keys": [m["key"] for m, _ in arrived]})
@@ -344,6 +359,20 @@ def make_optimizer(spec: Mapping[str, Any] | None) -> Optimizer | None:
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer '{name}'; known: {', '.join(OPTIMIZERS)}")
     return OPTIMIZERS[name](**args)
+
+
+def _forward_weights(order: list[Node]) -> list[str]:
+    """The float32 parameters that are the w of a forward x @ w long and wide enough for
+    small_gemm's kernel (the backward's matmuls transpose theirs)."""
+    names = []
+    for n in order:
+        if n.op != "matmul" or n.attrs.get("transpose_a") or n.attrs.get("transpose_b"):
+            continue
+        w = n.inputs[1]
+        if w.op == "parameter" and w.dtype == "float32" and len(w.shape) == 2 and \
+                w.shape[0] >= small_gemm.MIN_DEPTH and w.shape[1] >= small_gemm.MIN_COLS:
+            names.append(w.name)
+    return list(dict.fromkeys(names))
 
 
 def _steps_to_send(order: list[Node], users: Mapping[Node, list[Node]]) -> dict[Node, int]:

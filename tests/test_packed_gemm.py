@@ -1,0 +1,98 @@
+"""ops/packed_gemm.py: the forward's x @ w against a packed copy of w, and the worker packing
+its weights while it waits."""
+
+import json
+
+import numpy as np
+import pytest
+
+import graphflow as gf
+from graphflow.ops.packed_gemm import PackedWeights, matmul_nn_packed, pack_chunk
+from graphflow.ops.small_gemm import BLOCK_ROWS, CHUNK_COLS, PANEL, matmul_nn
+from graphflow.partitioners import partition
+from graphflow.runtime import Cluster
+from graphflow.trace import recording
+from graphflow.trace.chrome import events
+
+# two whole row blocks and a partial one; two whole column chunks, a short one and a partial
+# panel (left to BLAS); rows in blocks of 4 and the rest one at a time
+K, N = 2 * BLOCK_ROWS + 44, 2 * CHUNK_COLS + 3 * PANEL + 5
+
+
+def packed_copy(w):
+    out = np.empty(w.shape[0] * (w.shape[1] - w.shape[1] % PANEL), np.float32)
+    for j0 in range(0, w.shape[1] - w.shape[1] % PANEL, CHUNK_COLS):
+        pack_chunk(w, out, j0)
+    return out
+
+
+@pytest.mark.parametrize("m", [1, 4, 7, 16, 33])
+def test_the_packed_product_is_matmul_nns_bit_for_bit(m):
+    rng = np.random.default_rng(m)
+    x = rng.standard_normal((m, K)).astype(np.float32)
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    want, got = np.full((m, N), np.nan, np.float32), np.full((m, N), np.nan, np.float32)
+    done = matmul_nn(x, w, want)
+    assert matmul_nn_packed(x, packed_copy(w), got) == done == N - N % PANEL
+    assert (got[:, :done] == want[:, :done]).all()
+    assert np.isnan(got[:, done:]).all()  # the last partial panel: matmul_into's BLAS call
+
+
+def test_weights_are_packed_a_chunk_at_a_time_and_used_once_whole():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    pw = PackedWeights({"w": w})
+    pw.begin_step({"w": w}, forwards=3)
+    assert pw.lookup(w) is None  # stale: the first forward goes unpacked
+    chunks = 0
+    while pw.pack_next():
+        chunks += 1
+        if chunks == 1:
+            assert pw.lookup(w) is None  # half packed is not packed
+    assert chunks == 3 and pw.chunks_packed == 3 and not pw.pending()
+    assert (pw.lookup(w) == packed_copy(w)).all()
+    assert pw.lookup(np.array(w)) is None  # another array, though equal
+
+
+def test_a_weight_whose_forwards_have_all_run_is_not_packed():
+    w = np.ones((256, 64), np.float32)
+    pw = PackedWeights({"w": w})
+    pw.begin_step({"w": w}, forwards=1)
+    assert pw.pending()
+    pw.lookup(w)  # the step's one forward ran unpacked
+    assert not pw.pending() and not pw.pack_next()
+    pw.begin_step({"w": w}, forwards=0)  # (rows beyond small_gemm's: BLAS runs the forwards)
+    assert not pw.pending()
+
+
+def test_a_later_stage_packs_while_it_waits_and_computes_the_same(tmp_path):
+    with gf.Graph("float32", seed=0) as g:
+        x = gf.placeholder("x", (None, 300))
+        y = gf.placeholder("y", (None,), "int32")
+        h = gf.sigmoid(gf.layers.dense(x, 1200, name="fc1"))
+        h = gf.sigmoid(gf.layers.dense(h, 1200, name="fc2"))
+        loss = gf.softmax_cross_entropy(gf.layers.dense(h, 512, name="out"), y)
+    plan = partition(g, 2, "layerwise", loss=loss)
+    assert plan.placement["out/W"] == 1
+    rng = np.random.default_rng(0)
+    batch = {"x": rng.standard_normal((32, 300)).astype(np.float32),
+             "y": rng.integers(0, 512, 32).astype(np.int32)}
+    sgd = {"name": "sgd", "lr": 0.1}
+    path = tmp_path / "run.json"
+    with Cluster(plan, mode="threads", optimizer=sgd, microbatches=2, timeout=60) as cluster:
+        cluster.step(batch)
+        with recording(path):
+            losses = [float(cluster.step(batch)[plan.loss]) for _ in range(2)]
+        params = cluster.params()
+    packs = [e for e in events(json.loads(path.read_text())) if e.name == "pack weights"]
+    assert packs and {e.process for e in packs} == {"worker 1"}
+    sess, want = gf.Session(g), []  # the same 3 steps in one process, unpacked
+    grads = gf.gradients(loss, [g[p] for p in params])
+    for _ in range(3):
+        values = sess.run([loss, *grads.values()], batch)
+        for name, gvalue in zip(grads, values[1:], strict=True):
+            sess.set(name, sess.get(name) - np.float32(0.1) * gvalue)
+        want.append(float(values[0]))
+    np.testing.assert_allclose(losses, want[1:], rtol=1e-5)
+    for name, value in params.items():
+        np.testing.assert_allclose(value, sess.get(name), rtol=0, atol=1e-5, err_msg=name)
