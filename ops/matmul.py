@@ -20,7 +20,7 @@ from graphflow.ir import Node
 from graphflow.ops.blas import NT, TR, gemm
 from graphflow.ops.lane_gemm import matmul_nt_lanes
 from graphflow.ops.lane_gemm import wins as lane_wins
-from graphflow.ops.packed_gemm import matmul_nn_packed, packed
+from graphflow.ops.packed_gemm import forward as packed_forward
 from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
 from graphflow.ops.short_gemm import matmul_tn
 from graphflow.ops.short_gemm import wins as short_wins
@@ -64,8 +64,9 @@ def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool
             matmul_nt(a, b, out, out.dtype.type(0))
             return out
         if float32:
-            pb = packed(b)  # (a worker's packed copy of a weight: runtime/worker.py)
-            done = matmul_nn(a, b, out) if pb is None else matmul_nn_packed(a, pb, out)
+            done = packed_forward(a, b, out)  # (by a worker's packed weight: runtime/worker.py)
+            if done is None:
+                done = matmul_nn(a, b, out)
     if done < n:  # the rest, or the last columns short of a whole panel, with BLAS
         matmul_kernel(a.reshape(-1), a.shape[1], b.reshape(-1)[done:], b.shape[1],
                       out.reshape(-1)[done:], n, m, n - done, k, transpose_a, transpose_b,

@@ -38,20 +38,29 @@ def test_the_packed_product_is_matmul_nns_bit_for_bit(m):
     assert np.isnan(got[:, done:]).all()  # the last partial panel: matmul_into's BLAS call
 
 
+def forward_of(pw, x, w):
+    out = np.full((len(x), w.shape[1]), np.nan, np.float32)
+    return pw.forward(x, w, out), out
+
+
 def test_weights_are_packed_a_chunk_at_a_time_and_used_once_whole():
     rng = np.random.default_rng(0)
     w = rng.standard_normal((K, N)).astype(np.float32)
+    x = rng.standard_normal((2, K)).astype(np.float32)
+    want = np.empty((2, N), np.float32)
+    c = matmul_nn(x, w, want)
     pw = PackedWeights({"w": w})
-    pw.begin_step({"w": w}, forwards=3)
-    assert pw.lookup(w) is None  # stale: the first forward goes unpacked
+    pw.begin_step({"w": w}, forwards=4)
+    assert forward_of(pw, x, w)[0] is None  # stale: the caller runs matmul_nn
     chunks = 0
     while pw.pack_next():
         chunks += 1
         if chunks == 1:
-            assert pw.lookup(w) is None  # half packed is not packed
+            assert forward_of(pw, x, w)[0] is None  # half packed is not packed
     assert chunks == 3 and pw.chunks_packed == 3 and not pw.pending()
-    assert (pw.lookup(w) == packed_copy(w)).all()
-    assert pw.lookup(np.array(w)) is None  # another array, though equal
+    done, got = forward_of(pw, x, w)
+    assert done == c and (got[:, :c] == want[:, :c]).all()
+    assert forward_of(pw, x, np.array(w))[0] is None  # another array, though equal
 
 
 def test_a_weight_whose_forwards_have_all_run_is_not_packed():
@@ -59,7 +68,7 @@ def test_a_weight_whose_forwards_have_all_run_is_not_packed():
     pw = PackedWeights({"w": w})
     pw.begin_step({"w": w}, forwards=1)
     assert pw.pending()
-    pw.lookup(w)  # the step's one forward ran unpacked
+    forward_of(pw, np.ones((1, 256), np.float32), w)  # the step's one forward, unpacked
     assert not pw.pending() and not pw.pack_next()
     pw.begin_step({"w": w}, forwards=0)  # (rows beyond small_gemm's: BLAS runs the forwards)
     assert not pw.pending()
