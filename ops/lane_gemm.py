@@ -21,10 +21,9 @@ import numpy as np
 from numba import njit
 
 from graphflow.ops.simd import LANES, prefetch, vfma, vload, vsplat, vstore, vzero
+from graphflow.ops.small_gemm import MIN_COLS, MIN_DEPTH  # (BLAS's ground, as there)
 
 MAX_ROWS = 4 * LANES  # rows a pass over b serves: out's tile is 4 b rows by 4 vectors of rows
-MIN_DEPTH = 256  # as `small_gemm`'s: shorter dot products, or few columns of out (a 10-way
-MIN_COLS = 64    # classifier's), leave BLAS ahead
 
 
 @njit(nogil=True, cache=True, inline="always")
