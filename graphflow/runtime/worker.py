@@ -370,7 +370,7 @@ def _forward_weights(order: list[Node]) -> list[str]:
             continue
         w = n.inputs[1]
         if w.op == "parameter" and w.dtype == "float32" and len(w.shape) == 2 and \
-                w.shape[0] >= small_gemm.MIN_DEPTH and w.shape[1] >= small_gemm.MIN_COLS:
+                small_gemm.wins(small_gemm.MAX_ROWS, w.shape[1], w.shape[0]):
             names.append(w.name)
     return list(dict.fromkeys(names))
 
