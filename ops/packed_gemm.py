@@ -91,11 +91,12 @@ class PackedWeights:
     def __init__(self, weights: dict[str, np.ndarray]) -> None:
         self._buffers = {name: np.empty(_packed_size(w), np.float32)
                          for name, w in weights.items()}
+        self._chunks = {name: _chunks(w) for name, w in weights.items()}  # (shapes are fixed)
         self._weights: dict[int, str] = {}  # id of the step's array -> its name
         self._chunks_done: dict[str, int] = {}  # name -> chunks packed this step
         self._uses_left: dict[str, int] = {}
         self._arrays: dict[str, np.ndarray] = {}
-        self.chunks_packed = 0  # in all steps (for tests and traces)
+        self.chunks_packed = 0  # in all steps
 
     def begin_step(self, weights: dict[str, np.ndarray], forwards: int) -> None:
         """The step's weight arrays (by name); each serves `forwards` forward passes."""
@@ -106,15 +107,15 @@ class PackedWeights:
 
     def pending(self) -> bool:
         """Whether a weight a forward pass still needs is not yet packed."""
-        return any(self._uses_left[n] > 0 and self._chunks_done[n] < _chunks(self._arrays[n])
+        return any(self._uses_left[n] > 0 and self._chunks_done[n] < self._chunks[n]
                    for n in self._buffers)
 
     def pack_next(self) -> bool:
         """Pack one chunk (1024 columns) of the first weight still to pack; False if none is."""
         for name, buf in self._buffers.items():
-            w, done = self._arrays[name], self._chunks_done[name]
-            if self._uses_left[name] > 0 and done < _chunks(w):
-                pack_chunk(w, buf, done * CHUNK_COLS)
+            done = self._chunks_done[name]
+            if self._uses_left[name] > 0 and done < self._chunks[name]:
+                pack_chunk(self._arrays[name], buf, done * CHUNK_COLS)
                 self._chunks_done[name] = done + 1
                 self.chunks_packed += 1
                 return True
@@ -132,7 +133,7 @@ class PackedWeights:
         if name is None or self._arrays[name] is not w:
             return None
         self._uses_left[name] -= 1
-        if self._chunks_done[name] < _chunks(w):
+        if self._chunks_done[name] < self._chunks[name]:
             return None
         return matmul_nn_packed(a, self._buffers[name], out)
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import graphflow as gf
+from graphflow.models import Model
 from graphflow.ops.packed_gemm import PackedWeights, matmul_nn_packed, pack_chunk
 from graphflow.ops.small_gemm import BLOCK_ROWS, CHUNK_COLS, PANEL, matmul_nn
 from graphflow.partitioners import partition
@@ -74,34 +75,36 @@ def test_a_weight_whose_forwards_have_all_run_is_not_packed():
     assert not pw.pending()
 
 
-def test_a_later_stage_packs_while_it_waits_and_computes_the_same(tmp_path):
+def three_dense_layers():
     with gf.Graph("float32", seed=0) as g:
         x = gf.placeholder("x", (None, 300))
         y = gf.placeholder("y", (None,), "int32")
         h = gf.sigmoid(gf.layers.dense(x, 1200, name="fc1"))
         h = gf.sigmoid(gf.layers.dense(h, 1200, name="fc2"))
-        loss = gf.softmax_cross_entropy(gf.layers.dense(h, 512, name="out"), y)
-    plan = partition(g, 2, "layerwise", loss=loss)
+        logits = gf.layers.dense(h, 512, name="out")
+        loss = gf.softmax_cross_entropy(logits, y)
+    return Model("dense3", g, x, y, logits, loss)
+
+
+def test_a_later_stage_packs_while_it_waits_and_computes_the_same(tmp_path):
+    model = three_dense_layers()
+    plan = partition(model.graph, 2, "layerwise", loss=model.loss)
     assert plan.placement["out/W"] == 1
     rng = np.random.default_rng(0)
     batch = {"x": rng.standard_normal((32, 300)).astype(np.float32),
              "y": rng.integers(0, 512, 32).astype(np.int32)}
-    sgd = {"name": "sgd", "lr": 0.1}
     path = tmp_path / "run.json"
-    with Cluster(plan, mode="threads", optimizer=sgd, microbatches=2, timeout=60) as cluster:
+    with Cluster(plan, mode="threads", optimizer={"name": "sgd", "lr": 0.1}, microbatches=2,
+                 timeout=60) as cluster:
         cluster.step(batch)
         with recording(path):
             losses = [float(cluster.step(batch)[plan.loss]) for _ in range(2)]
         params = cluster.params()
     packs = [e for e in events(json.loads(path.read_text())) if e.name == "pack weights"]
     assert packs and {e.process for e in packs} == {"worker 1"}
-    sess, want = gf.Session(g), []  # the same 3 steps in one process, unpacked
-    grads = gf.gradients(loss, [g[p] for p in params])
-    for _ in range(3):
-        values = sess.run([loss, *grads.values()], batch)
-        for name, gvalue in zip(grads, values[1:], strict=True):
-            sess.set(name, sess.get(name) - np.float32(0.1) * gvalue)
-        want.append(float(values[0]))
+    trainer = gf.Trainer(three_dense_layers(), gf.optim.SGD(0.1))  # one process, unpacked
+    want = [trainer.step(batch["x"], batch["y"]) for _ in range(3)]
     np.testing.assert_allclose(losses, want[1:], rtol=1e-5)
     for name, value in params.items():
-        np.testing.assert_allclose(value, sess.get(name), rtol=0, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(value, trainer.session.params[name], rtol=0, atol=1e-5,
+                                   err_msg=name)
