@@ -8,6 +8,8 @@ sent with send_multipart(copy=False) and received with recv_multipart(copy=False
 ours and bare are interleaved; the table shows the median GB/s and ours/bare (target >= 0.8),
 "paired" (the median of ours/bare over adjacent runs, steadier when a neighbour is busy) and the
 CPU time per message of both processes together (all threads, zmq's I/O threads included).
+Both processes keep freed memory in their heap, as every graphflow worker process does
+(`graphflow.runtime.heap`): received 1 MB buffers are not mapped afresh from the kernel.
 
     python benchmarks/transport.py                    # 1 MB x 500 messages, 15 repeats
     python benchmarks/transport.py --size-mb 64 --messages 20 --transports tcp
@@ -52,7 +54,9 @@ def receiver(conn: Any, transport: str, tmp: str, hwm: int) -> None:
     """Child process: bind an Endpoint and a bare PULL, drain what the parent asks for."""
     import zmq
 
+    from graphflow.runtime.heap import keep_freed_memory
     from graphflow.transport import Endpoint
+    keep_freed_memory()
     ep = Endpoint("recv", _bind(transport, tmp, "ours"), timeout=DEADLINE, hwm=hwm)
     bare = zmq.Context.instance().socket(zmq.PULL)
     bare.linger = 0
@@ -163,6 +167,8 @@ def measure_transport(transport: str, args: argparse.Namespace) -> dict[str, Any
 
 def main() -> int:
     args = common.parse_args("transport", __doc__, extra=extra_flags)
+    from graphflow.runtime.heap import keep_freed_memory  # after parse_args sets the threads
+    keep_freed_memory()
     if args.messages < 1 or args.size_mb <= 0:
         raise ValueError("--messages must be >= 1 and --size-mb > 0")
     rows = [measure_transport(t, args) for t in args.transports]

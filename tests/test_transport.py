@@ -79,6 +79,10 @@ def test_real_port_and_socket_options():
         pull = ep._pull
         assert (pull.rcvhwm, pull.linger, pull.maxmsgsize) == (8, 500, 1 << 20)
         assert pull.getsockopt(zmq.HEARTBEAT_IVL) > 0 and pull.getsockopt(zmq.HEARTBEAT_TTL) > 0
+        ep.connect("tcp", "tcp://127.0.0.1:9")
+        ep.connect("ipc", "ipc:///tmp/graphflow-test-no-such-socket")
+        # an ipc send queue is longer: it holds references to the sender's arrays, not copies
+        assert (ep._push["tcp"].sndhwm, ep._push["ipc"].sndhwm) == (8, 8 * endpoint_module.IPC_SEND_QUEUE)
 
 
 def test_large_sends_are_zero_copy_and_tracked():

@@ -33,6 +33,10 @@ from graphflow.transport.frames import FrameError, TransportError, decode_tensor
 ZERO_COPY_MIN = 64 * 1024      # bytes: smaller arrays are copied (cheaper than tracking)
 HEARTBEAT_MS = (1000, 3000, 6000)  # ZMTP heartbeat interval, timeout, remote TTL
 MAX_STASH = 4096               # tensors received but not yet asked for
+# An ipc send queue holds IPC_SEND_QUEUE x hwm messages. It queues references to the sender's
+# own arrays, not copies; over ipc (a 208 KB kernel buffer) 64 moved 1 MB tensors ~10% faster
+# than 16 in interleaved runs here, over tcp ~10% slower.
+IPC_SEND_QUEUE = 4
 
 
 class PeerTimeout(TransportError):
@@ -116,7 +120,8 @@ class Endpoint:
 
     `bind` is "inproc://NAME", "ipc:///PATH", "tcp://HOST:PORT" or "tcp://HOST:*"; `.address`
     is what peers connect to (the real port). `timeout` (s) bounds every send and is the
-    default receive timeout. `hwm` is the queue length in messages per socket.
+    default receive timeout. `hwm` is the queue length in messages of the inbox and of each
+    send socket (of an ipc send socket, IPC_SEND_QUEUE times as many).
 
         >>> ep = Endpoint("w0", "tcp://127.0.0.1:*")
         >>> ep.address.startswith("tcp://127.0.0.1:")
@@ -165,7 +170,8 @@ class Endpoint:
         """
         if peer in self._push:
             raise TransportError(f"{self.name}: peer {peer!r} is already connected")
-        sock = tune(self._ctx.socket(zmq.PUSH), self._hwm, self._linger_ms)
+        hwm = self._hwm * (IPC_SEND_QUEUE if address.startswith("ipc://") else 1)
+        sock = tune(self._ctx.socket(zmq.PUSH), hwm, self._linger_ms)
         sock.sndtimeo = max(0, int(self.timeout * 1000))
         sock.immediate = 1  # queue only on live connections: a missing peer blocks the send
         if server_public is not None:
@@ -220,7 +226,7 @@ class Endpoint:
         except zmq.Again:
             raise PeerTimeout(f"{self.name}: could not send tensor {key!r} to {peer} within "
                               f"{self.timeout:g}s (peer not connected, or its queue of "
-                              f"{self._hwm} messages is full)", peer, key) from None
+                              f"{sock.sndhwm} messages is full)", peer, key) from None
 
     def recv_any(self, timeout: float | None = None) -> tuple[dict[str, Any], np.ndarray] | None:
         """The next tensor from any peer as (meta, array), or None after `timeout` seconds.
