@@ -82,7 +82,8 @@ def test_real_port_and_socket_options():
         ep.connect("tcp", "tcp://127.0.0.1:9")
         ep.connect("ipc", "ipc:///tmp/graphflow-test-no-such-socket")
         # an ipc send queue is longer: it holds references to the sender's arrays, not copies
-        assert (ep._push["tcp"].sndhwm, ep._push["ipc"].sndhwm) == (8, 8 * endpoint_module.IPC_SEND_QUEUE)
+        longer = 8 * endpoint_module.IPC_SEND_QUEUE
+        assert (ep._push["tcp"].sndhwm, ep._push["ipc"].sndhwm) == (8, longer)
 
 
 def test_large_sends_are_zero_copy_and_tracked():
