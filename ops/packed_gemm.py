@@ -138,13 +138,16 @@ class PackedWeights:
         return matmul_nn_packed(a, self._buffers[name], out)
 
 
+def _whole_panel_cols(w: np.ndarray) -> int:
+    return w.shape[1] - w.shape[1] % PANEL
+
+
 def _chunks(w: np.ndarray) -> int:
-    cols = w.shape[1] - w.shape[1] % PANEL
-    return (cols + CHUNK_COLS - 1) // CHUNK_COLS
+    return -(-_whole_panel_cols(w) // CHUNK_COLS)
 
 
 def _packed_size(w: np.ndarray) -> int:
-    return w.shape[0] * (w.shape[1] - w.shape[1] % PANEL)
+    return w.shape[0] * _whole_panel_cols(w)
 
 
 _current = threading.local()

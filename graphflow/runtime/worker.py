@@ -292,15 +292,13 @@ class Worker:
         while done < len(nodes):
             block = not ready and not urgent
             t0 = clock() if tr is not None else 0.0
-            if block and self.packed.pending():  # idle: pack a weight for a forward to come
-                arrived = self.mail.take(tag, waiting, False, deadline)
-                if not arrived:
-                    self.packed.pack_next()
-                    if tr is not None:
-                        tr.add(EXECUTOR, "kernel", "pack weights", t0, clock(), {"op": "pack"})
-                    continue
-            else:
-                arrived = self.mail.take(tag, waiting, block, deadline)
+            pack = block and self.packed.pending()  # idle: pack a weight for a forward to come
+            arrived = self.mail.take(tag, waiting, block and not pack, deadline)
+            if pack and not arrived:
+                self.packed.pack_next()
+                if tr is not None:
+                    tr.add(EXECUTOR, "kernel", "pack weights", t0, clock(), {"op": "pack"})
+                continue
             if tr is not None and block:  # the executor idles until a tensor comes
                 tr.add(EXECUTOR, "recv", "recv wait", t0, clock(),
                        {"keys": [m["key"] for m, _ in arrived]})
