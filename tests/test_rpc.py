@@ -60,6 +60,11 @@ def test_rpc_server_survives_hostile_requests(server):
         raw.send_multipart(frames)
         reply = decode_message(raw.recv_multipart())
         assert reply["ok"] is False and "FrameError" in reply["error"]
+    # a header that reads but holds a bad array: the error goes back under the request's id
+    raw.send_multipart([msgpack.packb({"id": 9, "method": "add",
+                                       "args": {"a": msgpack.ExtType(7, b"")}})])
+    reply = decode_message(raw.recv_multipart())
+    assert reply["id"] == 9 and "unknown msgpack extension type 7" in reply["error"]
     raw.close()
     with RpcClient(server.address, "w0", timeout=5.0) as c:
         assert c.call("add", a=1, b=2) == 3

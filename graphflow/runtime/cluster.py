@@ -50,6 +50,8 @@ from graphflow.trace import session as tracing
 from graphflow.trace.recorder import clock
 from graphflow.transport.endpoint import PeerTimeout
 from graphflow.transport.rpc import RemoteError, RpcClient
+from graphflow.transport.shared import SharedArrays
+from graphflow.transport.shared import available as shared_available
 
 # a worker's failure because of another's (it waited for it, or was told): report the other
 SECONDARY = (f"{PeerTimeout.__name__}:", f"{PeerFailed.__name__}:")
@@ -60,8 +62,10 @@ def reply_grace(timeout: float) -> float:
     return max(1.0, 0.2 * timeout)
 
 
-def _reap(procs: list[subprocess.Popen[bytes]], tmp: str | None) -> None:
-    """Kill the worker processes still running and remove the cluster's socket directory."""
+def _reap(procs: list[subprocess.Popen[bytes]], tmp: str | None, feeds: FeedBuffers) -> None:
+    """Kill the worker processes still running; remove the cluster's socket directory and its
+    shared feed buffers' files."""
+    feeds.close()
     for p in procs:
         if p.poll() is None:
             p.kill()
@@ -116,11 +120,13 @@ class Cluster:
         self.local_workers = local_workers or plan.parts
         self._blas_limited = mode == "threads" and BLAS_LIMIT.acquire(self.local_workers)
         self._procs: list[subprocess.Popen[bytes]] = []
+        self.step_count = 0
+        self._feed_buffers = FeedBuffers(
+            reuse=mode != "threads",
+            shared=SharedArrays() if mode == "processes" and shared_available() else None)
         # a cluster dropped without close still ends its worker processes (when collected, or
         # at the interpreter's exit); a killed driver's workers end by themselves (lifetime.py)
-        self._reap = weakref.finalize(self, _reap, self._procs, self._tmp)
-        self.step_count = 0
-        self._feed_buffers = FeedBuffers(reuse=mode != "threads")
+        self._reap = weakref.finalize(self, _reap, self._procs, self._tmp, self._feed_buffers)
         self._finished = 0.0  # when the last step's replies were all in
         self.trace_label: str | None = None  # names its workers in a trace of several clusters
         self.clients: list[RpcClient] = []
@@ -313,9 +319,10 @@ class Cluster:
         rows = self._batch_rows(feeds)
         step = SentStep(self.step_count, {}, traced, clock())
         for i in range(self.plan.parts):
-            cut = self.plan.worker_feeds(i, feeds, partial(self._feed_buffers.take, step))
+            cut = self.plan.worker_feeds(i, feeds, partial(self._feed_buffers.take, step, i))
+            wired = {k: self._feed_buffers.wire(step, i, v) for k, v in cut.items()}
             step.requests[i] = self._send(i, "step", {
-                "feeds": cut, "fetches": wanted[i],
+                "feeds": wired, "fetches": wanted[i],
                 "step": step.number, "train": train, "check_numerics": check_numerics,
                 "microbatches": self.microbatches, "schedule": self.schedule, "rows": rows})
         self.step_count += 1

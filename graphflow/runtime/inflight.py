@@ -3,21 +3,27 @@ keeps one or more of them while the workers run another)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from graphflow.transport.frames import SharedRef
+from graphflow.transport.shared import SHARE_MIN_BYTES, SharedArrays
+
+Key = tuple[int, tuple[int, ...], str]  # (worker, shape, dtype)
 
 
 @dataclass
 class SentStep:
     """A step whose requests went out: its number, each worker's request id, its trace, and
-    the arrays its feeds were cut into (`FeedBuffers`)."""
+    the arrays its feeds were cut into (`FeedBuffers`), with the worker each went to."""
 
     number: int
     requests: dict[int, int]
     traced: int | None
     sent: float
-    buffers: list[np.ndarray] = field(default_factory=list)
+    buffers: list[tuple[int, np.ndarray]] = field(default_factory=list)
 
 
 class FeedBuffers:
@@ -25,20 +31,53 @@ class FeedBuffers:
     used again once their step is answered: the worker then had the request, so zmq no longer
     reads them. A fresh 1.7 MB array per worker and step cost the driver's process 700 page
     faults a step (lc-large spatial, 2 workers): 3 ms of a core the workers need. Not over
-    inproc (threads), where a worker's values may still be these very arrays."""
+    inproc (threads), where a worker's values may still be these very arrays.
 
-    def __init__(self, reuse: bool) -> None:
-        self.reuse = reuse
-        self._free: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
+    With `shared` (worker processes on this machine), the buffers are in shared memory and
+    every large feed goes in one: a worker maps it instead of zmq copying it over ipc
+    (transport/shared.py). A buffer goes to one worker only, the one that mapped it."""
 
-    def take(self, step: SentStep, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        free = self._free.get((shape, dtype.str))
-        out = free.pop() if free else np.empty(shape, dtype)
-        step.buffers.append(out)
+    def __init__(self, reuse: bool, shared: SharedArrays | None = None) -> None:
+        self.reuse, self.shared = reuse, shared
+        self._free: dict[Key, list[np.ndarray]] = {}
+
+    def take(self, step: SentStep, worker: int, shape: tuple[int, ...], dtype: np.dtype
+             ) -> np.ndarray:
+        """A buffer for a feed of `worker` in `step`, to fill."""
+        free = self._free.get((worker, shape, dtype.str))
+        if free:
+            out = free.pop()
+        elif self.shared is not None and math.prod(shape) * dtype.itemsize >= SHARE_MIN_BYTES:
+            out = self.shared.empty(shape, dtype)
+        else:
+            out = np.empty(shape, dtype)
+        step.buffers.append((worker, out))
         return out
 
+    def wire(self, step: SentStep, worker: int, value: np.ndarray) -> np.ndarray | SharedRef:
+        """How feed `value` of `worker` travels: by reference when it is (or, large, is copied
+        into) a shared buffer; as itself otherwise."""
+        if self.shared is None:
+            return value
+        if (ref := self.shared.ref(value)) is not None:
+            return ref
+        a = np.asarray(value)
+        if a.nbytes < SHARE_MIN_BYTES or a.dtype.hasobject:
+            return value
+        buf = self.take(step, worker, a.shape, a.dtype)
+        np.copyto(buf, a)
+        return self.shared.ref(buf) or buf
+
     def give_back(self, step: SentStep) -> None:
-        if self.reuse:
-            for b in step.buffers:
-                self._free.setdefault((b.shape, b.dtype.str), []).append(b)
+        """`step` was answered: its buffers are free again (and mapped by their workers)."""
+        for worker, b in step.buffers:
+            if self.shared is not None:
+                self.shared.settled(b)
+            if self.reuse:
+                self._free.setdefault((worker, b.shape, b.dtype.str), []).append(b)
         step.buffers.clear()
+
+    def close(self) -> None:
+        """Remove the shared buffers' files (the mappings last while arrays use them)."""
+        if self.shared is not None:
+            self.shared.close()

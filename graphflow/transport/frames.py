@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -28,6 +30,7 @@ MAX_DIMS = 8
 TENSOR_HEADER_MAX = 4096                # bytes
 CONTROL_HEADER_MAX = 16 * 1024 * 1024   # bytes; plans are about 1 MB of msgpack
 _ND_EXT = 1                             # msgpack ExtType code of an array reference
+_SHARED_EXT = 2                         # ... of a shared-memory array (transport/shared.py)
 
 _unpackb = functools.partial(msgpack.unpackb, raw=False, strict_map_key=True)
 _TENSOR_UNPACK = functools.partial(_unpackb, max_str_len=1024, max_bin_len=0,
@@ -37,6 +40,8 @@ _CONTROL_UNPACK = functools.partial(_unpackb, max_str_len=4 * 1024 * 1024,
                                     max_map_len=1 << 20, max_ext_len=256)
 _REF_UNPACK = functools.partial(_unpackb, max_str_len=16, max_bin_len=0,
                                 max_array_len=MAX_DIMS + 1, max_map_len=0, max_ext_len=0)
+_SHARED_UNPACK = functools.partial(_unpackb, max_str_len=64, max_bin_len=0,
+                                   max_array_len=MAX_DIMS + 2, max_map_len=0, max_ext_len=0)
 
 
 class TransportError(GraphflowError):
@@ -162,12 +167,26 @@ def decode_tensor(header: Any, buffer: Any) -> tuple[dict[str, Any], np.ndarray]
 
 # ---- control messages: nested msgpack data with arrays moved to their own frames ---------------
 
+@dataclass(frozen=True)
+class SharedRef:
+    """An array in shared memory as a message carries it (see transport/shared.py): its file's
+    name under /dev/shm, its dtype and shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+Attach = Callable[[str, str, list[int]], np.ndarray]  # (name, dtype, shape) -> the array
+
+
 def encode_message(obj: Any) -> list[Any]:
     """Frames of a control message: [msgpack header, array frames...].
 
     `obj` is nested dicts (str keys) / lists / tuples / str / int / float / bool / None / bytes
     and ndarrays anywhere; each array becomes its own zero-copy frame, referenced from the header
-    by a msgpack extension (index, dtype, shape). Numpy scalars become Python scalars.
+    by a msgpack extension (index, dtype, shape). A `SharedRef` stays a reference (name, dtype,
+    shape) for the receiver to map. Numpy scalars become Python scalars.
 
         >>> frames = encode_message({"w": np.ones(3, np.float32), "lr": 0.1})
         >>> len(frames), decode_message(frames)["lr"]
@@ -181,6 +200,8 @@ def encode_message(obj: Any) -> list[Any]:
             arrays.append(a)
             ref = msgpack.packb([len(arrays) - 1, dtype, *a.shape])
             return msgpack.ExtType(_ND_EXT, ref)
+        if isinstance(o, SharedRef):
+            return msgpack.ExtType(_SHARED_EXT, msgpack.packb([o.name, o.dtype, *o.shape]))
         if isinstance(o, np.generic):
             return o.item()
         raise FrameError(f"message: cannot encode a {type(o).__name__}")
@@ -191,14 +212,28 @@ def encode_message(obj: Any) -> list[Any]:
     return [header, *arrays]
 
 
-def decode_message(frames: list[Any]) -> Any:
-    """Validate and decode the frames of `encode_message` (arrays view their frames)."""
+def message_id(frames: list[Any]) -> Any:
+    """The "id" of a message `decode_message` refused, if its header still reads (arrays not
+    looked at), so that the error can go back to the caller; None otherwise."""
+    try:
+        head = _unpack(frames[0], CONTROL_HEADER_MAX, _CONTROL_UNPACK, "message",
+                       ext_hook=lambda code, data: None)
+    except (FrameError, IndexError):
+        return None
+    return head.get("id") if isinstance(head, dict) else None
+
+
+def decode_message(frames: list[Any], attach: Attach | None = None) -> Any:
+    """Validate and decode the frames of `encode_message` (arrays view their frames); a shared
+    array is mapped by `attach`, and refused without one (a connection from another host)."""
     if not frames:
         raise FrameError("message: no frames")
     payloads = frames[1:]
     used: set[int] = set()
 
     def ext_hook(code: int, data: bytes) -> Any:
+        if code == _SHARED_EXT:
+            return shared(data)
         if code != _ND_EXT:
             raise FrameError(f"message: unknown msgpack extension type {code}")
         ref = _unpack(data, 256, _REF_UNPACK, "message array reference")
@@ -210,6 +245,15 @@ def decode_message(frames: list[Any]) -> Any:
                              f"{len(payloads)} array frames")
         used.add(index)
         return check_array(ref[1], ref[2:], payloads[index], f"message array {index}")
+
+    def shared(data: bytes) -> np.ndarray:
+        if attach is None:
+            raise FrameError("message: a shared-memory array is only taken over a local (ipc) "
+                             "connection")
+        ref = _unpack(data, 256, _SHARED_UNPACK, "message shared-array reference")
+        if not isinstance(ref, list) or len(ref) < 2:
+            raise FrameError(f"message: bad shared-array reference {ref!r}")
+        return attach(ref[0], ref[1], ref[2:])
 
     obj = _unpack(frames[0], CONTROL_HEADER_MAX, _CONTROL_UNPACK, "message",
                   ext_hook=ext_hook)

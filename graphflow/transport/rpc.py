@@ -25,7 +25,14 @@ from typing import Any
 import zmq
 
 from graphflow.transport.endpoint import PeerTimeout, tune
-from graphflow.transport.frames import FrameError, TransportError, decode_message, encode_message
+from graphflow.transport.frames import (
+    FrameError,
+    TransportError,
+    decode_message,
+    encode_message,
+    message_id,
+)
+from graphflow.transport.shared import attach
 
 Handlers = Mapping[str, Callable[..., Any]]
 
@@ -47,7 +54,8 @@ class RpcServer:
 
     Arrays in results are copied into the reply (a handler may go on updating them); with
     `copy_results=False` they go out zero-copy, so handlers must not modify what they return.
-    Argument arrays are read-only views of the request (over inproc, the caller's memory):
+    Argument arrays are read-only views of the request (over inproc, the caller's memory;
+    over ipc, maybe a shared-memory buffer the caller fills again later: transport/shared.py):
     a handler that keeps one should keep a copy.
 
         >>> with RpcServer("tcp://127.0.0.1:*") as s:
@@ -59,6 +67,8 @@ class RpcServer:
                  max_msg_size: int = 1 << 30, linger: float = 1.0,
                  copy_results: bool = True) -> None:
         self._copy = copy_results
+        # shared-memory arrays only from this machine: an ipc socket is a file of this user's
+        self._attach = attach if bind.startswith("ipc://") else None
         self._ctx = context if context is not None else zmq.Context.instance()
         self._sock = tune(self._ctx.socket(zmq.ROUTER), hwm, int(linger * 1000))
         self._sock.maxmsgsize = max_msg_size
@@ -92,9 +102,9 @@ class RpcServer:
 
     def _dispatch(self, handlers: Handlers, frames: list[Any]) -> dict[str, Any]:
         try:
-            request = decode_message(frames)
+            request = decode_message(frames, self._attach)
         except FrameError as e:
-            return {"id": None, "ok": False, "error": _error(e)}
+            return {"id": message_id(frames), "ok": False, "error": _error(e)}
         if not isinstance(request, dict) or not isinstance(request.get("method"), str) \
                 or not isinstance(request.get("args", {}), dict):
             return {"id": None, "ok": False, "error": "FrameError: malformed request"}

@@ -1,0 +1,141 @@
+"""Arrays in shared memory, for a driver feeding worker processes on its own machine.
+
+Over ipc, zmq moves a message's bytes twice (into the kernel's socket buffer and out again,
+each by an I/O thread) and the receiver gets a freshly allocated copy. A driver's feeds cross
+every step, on cores the workers need: lc-large's 3.4 MB of image rows cost two worker
+processes about a millisecond a step. A feed written into a `SharedArrays` buffer instead
+travels as a `SharedRef` (a file's name in /dev/shm, dtype and shape), and the worker maps the
+file: one copy in all, the driver's.
+
+The sender keeps a buffer's contents unchanged until the receiver is done with the message
+(the driver reuses a feed buffer once its step is answered), and unlinks a buffer's file once
+the receiver has mapped it (`settled`): the mapping outlives the name, so nothing is left in
+/dev/shm even when the driver is killed after a first step. A receiver takes references only
+on a local (ipc) connection and opens only files of ours: see `attach`.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import re
+import stat
+import threading
+import uuid
+
+import numpy as np
+
+from graphflow.transport.frames import DTYPES, FrameError, SharedRef, check_array
+
+SHARED_DIR = "/dev/shm"
+SHARE_MIN_BYTES = 64 * 1024  # smaller arrays ride in the message: a file and a mapping cost more
+_NAME = re.compile(r"graphflow-shm-[0-9a-f]{32}-[0-9]{1,9}")
+
+
+def available() -> bool:
+    """Whether this machine has a shared-memory file system (Linux's /dev/shm)."""
+    return os.path.isdir(SHARED_DIR) and os.access(SHARED_DIR, os.W_OK | os.X_OK)
+
+
+class SharedArrays:
+    """The sender's side: buffers, each a file of its own in /dev/shm."""
+
+    def __init__(self) -> None:
+        self._prefix = f"graphflow-shm-{uuid.uuid4().hex}-"
+        self._names: dict[int, str] = {}  # buffer address -> file name under SHARED_DIR
+        self._unsettled: set[str] = set()
+        self._count = 0
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A new C-contiguous array in shared memory (to fill, then send with `ref`)."""
+        self._count += 1
+        name = f"{self._prefix}{self._count}"
+        size = max(1, math.prod(shape) * dtype.itemsize)
+        fd = os.open(os.path.join(SHARED_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self._unsettled.add(name)
+        try:
+            os.ftruncate(fd, size)
+            buf = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        a = np.frombuffer(buf, dtype, math.prod(shape)).reshape(shape)
+        self._names[a.__array_interface__["data"][0]] = name
+        return a
+
+    def __len__(self) -> int:
+        """How many buffers were made."""
+        return len(self._names)
+
+    def ref(self, a: np.ndarray) -> SharedRef | None:
+        """`a` as a reference, if it is a whole buffer of ours; else None."""
+        name = self._names.get(a.__array_interface__["data"][0])
+        if name is None or not a.flags.c_contiguous:
+            return None
+        return SharedRef(name, a.dtype.name, tuple(a.shape))
+
+    def settled(self, a: np.ndarray) -> None:
+        """The receiver has mapped buffer `a` (it answered a message carrying it): unlink its
+        file. The buffer stays usable: both mappings outlive the name."""
+        name = self._names.get(a.__array_interface__["data"][0])
+        if name in self._unsettled:
+            self._unsettled.discard(name)
+            _unlink(os.path.join(SHARED_DIR, name))
+
+    def close(self) -> None:
+        """Unlink the files not yet settled (idempotent; the mappings last while used)."""
+        for name in self._unsettled:
+            _unlink(os.path.join(SHARED_DIR, name))
+        self._unsettled.clear()
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+_attached: dict[str, mmap.mmap] = {}
+_attach_lock = threading.Lock()
+
+
+def attach(name: str, dtype: str, shape: list[int] | tuple[int, ...]) -> np.ndarray:
+    """The receiver's side: a read-only view of shared buffer `name` (mapped once per process).
+
+    The name comes from a peer, so it must be one `SharedArrays` makes, the file a regular
+    file of this user (no symlink followed) and large enough for dtype and shape."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise FrameError(f"shared array: {name!r} is not a graphflow shared-memory name")
+    with _attach_lock:
+        buf = _attached.get(name)
+        if buf is None:
+            buf = _attached[name] = _map(name)
+    nbytes = _nbytes(dtype, shape)
+    if nbytes > len(buf):
+        raise FrameError(f"shared array {name}: shape {list(shape)} {dtype} needs {nbytes} "
+                         f"bytes, the file has {len(buf)}")
+    return check_array(dtype, list(shape), memoryview(buf)[:nbytes], f"shared array {name}")
+
+
+def _map(name: str) -> mmap.mmap:
+    path = os.path.join(SHARED_DIR, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise FrameError(f"shared array {name}: cannot open {path} ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size == 0:
+            raise FrameError(f"shared array {name}: {path} is not a shared buffer of this user")
+        return mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+
+
+def _nbytes(dtype: object, shape: object) -> int:
+    """The bytes a (dtype, shape) from a peer needs; 0 when malformed (check_array says why)."""
+    if dtype not in DTYPES or not isinstance(shape, list | tuple) \
+            or not all(type(d) is int and d >= 0 for d in shape):
+        return 0
+    return math.prod(shape) * np.dtype(str(dtype)).itemsize
