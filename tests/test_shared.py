@@ -78,6 +78,14 @@ def test_attach_checks_the_file(arrays, tmp_path):
         os.unlink(os.path.join(SHARED_DIR, link))
     with pytest.raises(FrameError, match="cannot open"):
         attach(missing, "float32", [1])
+    empty = os.path.join(SHARED_DIR, missing)
+    open(empty, "wb").close()
+    try:
+        with pytest.raises(FrameError, match="not a shared buffer of this user"):
+            attach(missing, "float32", [1])
+    finally:
+        os.unlink(empty)
+    assert arrays.ref(x[1:]) is None and arrays.ref(x.copy()) is None  # only our buffers
 
 
 def test_settled_unlinks_and_the_mapping_lives_on(arrays):
