@@ -28,7 +28,6 @@ import uuid
 import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from functools import partial
 from typing import Any
 from urllib.parse import urlparse
 
@@ -50,8 +49,6 @@ from graphflow.trace import session as tracing
 from graphflow.trace.recorder import clock
 from graphflow.transport.endpoint import PeerTimeout
 from graphflow.transport.rpc import RemoteError, RpcClient
-from graphflow.transport.shared import SharedArrays
-from graphflow.transport.shared import available as shared_available
 
 # a worker's failure because of another's (it waited for it, or was told): report the other
 SECONDARY = (f"{PeerTimeout.__name__}:", f"{PeerFailed.__name__}:")
@@ -63,8 +60,7 @@ def reply_grace(timeout: float) -> float:
 
 
 def _reap(procs: list[subprocess.Popen[bytes]], tmp: str | None, feeds: FeedBuffers) -> None:
-    """Kill the worker processes still running; remove the cluster's socket directory and its
-    shared feed buffers' files."""
+    """Kill the worker processes still running; remove the socket directory and feed files."""
     feeds.close()
     for p in procs:
         if p.poll() is None:
@@ -121,9 +117,7 @@ class Cluster:
         self._blas_limited = mode == "threads" and BLAS_LIMIT.acquire(self.local_workers)
         self._procs: list[subprocess.Popen[bytes]] = []
         self.step_count = 0
-        self._feed_buffers = FeedBuffers(
-            reuse=mode != "threads",
-            shared=SharedArrays() if mode == "processes" and shared_available() else None)
+        self._feed_buffers = FeedBuffers.for_mode(mode)
         # a cluster dropped without close still ends its worker processes (when collected, or
         # at the interpreter's exit); a killed driver's workers end by themselves (lifetime.py)
         self._reap = weakref.finalize(self, _reap, self._procs, self._tmp, self._feed_buffers)
@@ -319,10 +313,8 @@ class Cluster:
         rows = self._batch_rows(feeds)
         step = SentStep(self.step_count, {}, traced, clock())
         for i in range(self.plan.parts):
-            cut = self.plan.worker_feeds(i, feeds, partial(self._feed_buffers.take, step, i))
-            wired = {k: self._feed_buffers.wire(step, i, v) for k, v in cut.items()}
             step.requests[i] = self._send(i, "step", {
-                "feeds": wired, "fetches": wanted[i],
+                "feeds": self._feed_buffers.cut(self.plan, step, i, feeds), "fetches": wanted[i],
                 "step": step.number, "train": train, "check_numerics": check_numerics,
                 "microbatches": self.microbatches, "schedule": self.schedule, "rows": rows})
         self.step_count += 1

@@ -4,12 +4,18 @@ keeps one or more of them while the workers run another)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from graphflow.transport.frames import SharedRef
-from graphflow.transport.shared import SHARE_MIN_BYTES, SharedArrays
+from graphflow.transport.shared import SHARE_MIN_BYTES, SharedArrays, available
+
+if TYPE_CHECKING:
+    from graphflow.partitioners.plan import Plan
 
 Key = tuple[int, tuple[int, ...], str]  # (worker, shape, dtype)
 
@@ -41,6 +47,12 @@ class FeedBuffers:
         self.reuse, self.shared = reuse, shared
         self._free: dict[Key, list[np.ndarray]] = {}
 
+    @classmethod
+    def for_mode(cls, mode: str) -> FeedBuffers:
+        """A cluster's: reused but with worker threads, shared with worker processes here."""
+        local = mode == "processes" and available()
+        return cls(reuse=mode != "threads", shared=SharedArrays() if local else None)
+
     def take(self, step: SentStep, worker: int, shape: tuple[int, ...], dtype: np.dtype
              ) -> np.ndarray:
         """A buffer for a feed of `worker` in `step`, to fill."""
@@ -53,6 +65,13 @@ class FeedBuffers:
             out = np.empty(shape, dtype)
         step.buffers.append((worker, out))
         return out
+
+    def cut(self, plan: Plan, step: SentStep, worker: int, feeds: Mapping[str, np.ndarray]
+            ) -> dict[str, np.ndarray | SharedRef]:
+        """What `worker` is fed of `feeds` in `step`, as it travels: its rows cut into buffers
+        (`Plan.worker_feeds`), each feed `wire`d."""
+        mine = plan.worker_feeds(worker, feeds, partial(self.take, step, worker))
+        return {k: self.wire(step, worker, v) for k, v in mine.items()}
 
     def wire(self, step: SentStep, worker: int, value: np.ndarray) -> np.ndarray | SharedRef:
         """How feed `value` of `worker` travels: by reference when it is (or, large, is copied

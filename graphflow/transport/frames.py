@@ -89,8 +89,8 @@ def wire_array(array: Any, what: Any = "array") -> tuple[np.ndarray, str]:
     return (a if a.flags.c_contiguous else a.copy(order="C")), name
 
 
-def check_array(dtype: Any, shape: Any, buffer: Any, where: Any) -> np.ndarray:
-    """Validate an untrusted (dtype, shape, buffer); a read-only array viewing the buffer.
+def array_nbytes(dtype: Any, shape: Any, where: Any) -> int:
+    """Validate an untrusted (dtype, shape); the bytes such an array takes.
 
     `where` (a str, or a callable returning one) prefixes error messages.
     """
@@ -102,13 +102,20 @@ def check_array(dtype: Any, shape: Any, buffer: Any, where: Any) -> np.ndarray:
                          f"got {shape!r}")
     if not all(type(d) is int and d >= 0 for d in shape):
         raise FrameError(f"{_text(where)}: shape {list(shape)} has a negative or non-integer dim")
+    return math.prod(shape) * _BY_NAME[dtype].itemsize
+
+
+def check_array(dtype: Any, shape: Any, buffer: Any, where: Any) -> np.ndarray:
+    """Validate an untrusted (dtype, shape, buffer); a read-only array viewing the buffer.
+
+    `where` (a str, or a callable returning one) prefixes error messages.
+    """
+    want = array_nbytes(dtype, shape, where)
     view = _view(buffer)
-    dt = _BY_NAME[dtype]
-    want = math.prod(shape) * dt.itemsize
     if want != view.nbytes:
         raise FrameError(f"{_text(where)}: shape {list(shape)} {dtype} needs {want} bytes, "
                          f"the payload has {view.nbytes}")
-    a = np.ndarray(shape, dt, view)
+    a = np.ndarray(shape, _BY_NAME[dtype], view)
     if not a.flags.aligned:
         a = a.copy()
     a.flags.writeable = False  # it may be the sender's memory (inproc): never write through it

@@ -28,7 +28,7 @@ import uuid
 
 import numpy as np
 
-from graphflow.transport.frames import DTYPES, FrameError, SharedRef, check_array
+from graphflow.transport.frames import FrameError, SharedRef, array_nbytes, check_array
 
 SHARED_DIR = "/dev/shm"
 SHARE_MIN_BYTES = 64 * 1024  # smaller arrays ride in the message: a file and a mapping cost more
@@ -113,7 +113,7 @@ def attach(name: str, dtype: str, shape: list[int] | tuple[int, ...]) -> np.ndar
         buf = _attached.get(name)
         if buf is None:
             buf = _attached[name] = _map(name)
-    nbytes = _nbytes(dtype, shape)
+    nbytes = array_nbytes(dtype, shape, f"shared array {name}")
     if nbytes > len(buf):
         raise FrameError(f"shared array {name}: shape {list(shape)} {dtype} needs {nbytes} "
                          f"bytes, the file has {len(buf)}")
@@ -134,10 +134,3 @@ def _map(name: str) -> mmap.mmap:
     finally:
         os.close(fd)
 
-
-def _nbytes(dtype: object, shape: object) -> int:
-    """The bytes a (dtype, shape) from a peer needs; 0 when malformed (check_array says why)."""
-    if dtype not in DTYPES or not isinstance(shape, list | tuple) \
-            or not all(type(d) is int and d >= 0 for d in shape):
-        return 0
-    return math.prod(shape) * np.dtype(str(dtype)).itemsize
