@@ -16,7 +16,7 @@ import os
 import statistics
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ import numpy as np
 
 from graphflow.ir import Graph, Node
 from graphflow.ops.registry import REGISTRY, concrete, node_cost
+from graphflow.stepsim import LOCAL_OPS, Costs, Prediction, Transfer, shared_fraction, simulate
 from graphflow.timing import (
     UPDATE_PASSES,
     cache_path,
@@ -36,7 +37,8 @@ from graphflow.timing import (
 )
 
 SOURCE_OPS = ("placeholder", "parameter", "constant")
-LOCAL_OPS = ("placeholder", "constant")  # replicated: present on every worker at time 0
+__all__ = ["LOCAL_OPS", "SOURCE_OPS", "CostModel", "Link", "Prediction", "Transfer", "kernels",
+           "signature", "tensor_bytes"]
 BUILTIN = {"flop_rates": {"*": 60e9}, "bandwidth_Bps": 5e9, "overhead_s": 2e-6,
            "update_Bps": 20e9, "update_shared_Bps": 12e9}
 
@@ -64,36 +66,6 @@ class Link:
     def builtin(cls) -> Link:
         """The conservative local default: 1.2 GB/s, 300 us (loopback ZeroMQ, design.md)."""
         return cls(1.2e9, 300e-6)
-
-
-@dataclass(frozen=True)
-class Transfer:
-    """One tensor sent from worker `src` to `dst` (one per tensor and destination)."""
-
-    tensor: str
-    src: int
-    dst: int
-    nbytes: int
-    start: float
-    seconds: float
-
-
-@dataclass
-class Prediction:
-    """A simulated training step: makespan, per-worker busy time and traffic, every transfer."""
-
-    step_seconds: float
-    busy: list[float]
-    bytes_in: list[int]
-    bytes_out: list[int]
-    transfers: list[Transfer] = field(default_factory=list)
-    finish: list[float] = field(default_factory=list)  # when each worker ends (its update done)
-
-    def __str__(self) -> str:
-        rows = [f"step {self.step_seconds * 1e3:.3f} ms, {len(self.transfers)} transfers"]
-        rows += [f"  worker {w}: busy {b * 1e3:.3f} ms, in {i} B, out {o} B"
-                 for w, (b, i, o) in enumerate(zip(self.busy, self.bytes_in, self.bytes_out))]
-        return "\n".join(rows)
 
 
 def tensor_bytes(node: Node, batch: int) -> int:
@@ -296,16 +268,16 @@ class CostModel:
                 link: Link | None = None, contention: float = 1.0) -> Prediction:
         """Simulate one training step of `graph` (unsplit: no send/recv nodes) under `placement`.
 
-        Each worker runs its nodes one at a time in topological order; a node starts when its
-        worker is free and its inputs have arrived. A tensor is sent once per destination worker
-        as soon as it is produced (parameters at time 0); sends out of one worker serialise on
-        its link. Placeholders and constants are local everywhere. Last, each worker applies
-        the update to its parameters (three passes over them at the optimizer's measured rate:
-        a streaming kernel, far faster per byte than the fitted `bandwidth_Bps` of the graph's
-        small memory-bound kernels). With `contention` > 1 (workers on one machine share its
-        memory and caches: how much slower a step runs beside another, as measured), a node
-        takes that much longer for the part of its time another worker computes too (found by
-        a first pass without it).
+        Each worker runs its nodes one at a time as the runtime does (graphflow/stepsim.py):
+        of those whose inputs have arrived, what leads to a send first. A tensor is sent once
+        per destination worker as soon as it is produced (parameters at time 0); sends out of
+        one worker serialise on its link. Placeholders and constants are local everywhere.
+        Last, each worker applies the update to its parameters (three passes over them at the
+        optimizer's measured rate: a streaming kernel, far faster per byte than the fitted
+        `bandwidth_Bps` of the graph's small memory-bound kernels). With `contention` > 1
+        (workers on one machine share its memory and caches: how much slower a step runs beside
+        another, as measured), a node takes that much longer for the part of its time another
+        worker computes too (found by a first pass without it).
         """
         batch, link = batch or self.batch, link or self.link
         missing = [n.name for n in graph.nodes if n.name not in placement]
@@ -313,11 +285,11 @@ class CostModel:
             raise KeyError(f"placement has no worker for {len(missing)} nodes, e.g. {missing[:3]}")
         where = {n: placement[n.name] for n in graph.nodes}
         shared = contention > 1.0  # workers of one machine
-        first, spans = self._simulate(graph, where, batch, link, {}, shared)
+        first, spans = simulate(graph, where, self._costs(batch, link, {}, shared))
         if not shared or len(first.busy) < 2:
             return first
-        slow = {n: 1.0 + (contention - 1.0) * _shared_fraction(spans, n) for n in spans}
-        return self._simulate(graph, where, batch, link, slow, shared)[0]
+        slow = {n: 1.0 + (contention - 1.0) * shared_fraction(spans, n) for n in spans}
+        return simulate(graph, where, self._costs(batch, link, slow, shared))[0]
 
     def stream_seconds(self, graph: Graph, placement: Mapping[str, int],
                        batch: int | None = None, steps: int = 4) -> float:
@@ -330,71 +302,16 @@ class CostModel:
         start = [0.0] * (max(where.values(), default=0) + 1)
         ends = [0.0]
         for _ in range(steps):
-            start = self._simulate(graph, where, batch, self.link, {}, starts=start)[0].finish
+            costs = self._costs(batch, self.link, {}, shared=False)
+            start = simulate(graph, where, costs, starts=start)[0].finish
             ends.append(max(start))
         return ends[-1] - ends[-2]
 
-    def _simulate(self, graph: Graph, where: Mapping[Node, int], batch: int, link: Link,
-                  slow: Mapping[Node, float], shared: bool = False,
-                  starts: Sequence[float] | None = None
-                  ) -> tuple[Prediction, dict[Node, tuple[int, float, float]]]:
-        """The list scheduling of `predict`, node durations times `slow`, updates that
-        overlap sharing the memory when `shared`, worker w starting at `starts[w]` (default 0);
-        also each node's (worker, start, end)."""
-        workers = max(where.values(), default=0) + 1
-        begin = list(starts) if starts is not None else [0.0] * workers
-        free, link_free, busy = list(begin), list(begin), [0.0] * workers
-        bytes_in, bytes_out = [0] * workers, [0] * workers
-        dests: dict[Node, set[int]] = {n: set() for n in graph.nodes}
-        for n in graph.nodes:
-            for x in n.inputs:
-                if x.op not in LOCAL_OPS and where[x] != where[n]:
-                    dests[x].add(where[n])
-        ready: dict[tuple[Node, int], float] = {}  # (tensor, worker) -> when it is there
-        spans: dict[Node, tuple[int, float, float]] = {}
-        transfers: list[Transfer] = []
-        for n in graph.toposort():
-            if n.op in LOCAL_OPS:
-                continue
-            w = where[n]
-            end = begin[w]  # a parameter is there when its worker starts the step
-            if n.op != "parameter":
-                start = max([free[w], *(0.0 if x.op in LOCAL_OPS else ready[x, w]
-                                        for x in n.inputs)])
-                dur = self.node_seconds(n, batch) * slow.get(n, 1.0)
-                end = free[w] = start + dur
-                busy[w] += dur
-                spans[n] = (w, start, end)
-            ready[n, w] = end
-            for d in sorted(dests[n]):
-                nbytes = tensor_bytes(n, batch)
-                start, seconds = max(end, link_free[w]), link.seconds(nbytes)
-                link_free[w] = ready[n, d] = start + seconds
-                bytes_out[w] += nbytes
-                bytes_in[d] += nbytes
-                transfers.append(Transfer(n.name, w, d, nbytes, start, seconds))
-        # then each worker updates the parameters it holds: read p and g, write p
-        alone = [0.0] * workers
-        for n in graph.nodes:
-            if n.op == "parameter":
-                alone[where[n]] += self.update_seconds(n)
-        for w, seconds in enumerate(self.concurrent_updates(free, alone) if shared else alone):
-            free[w] += seconds
-            busy[w] += seconds
-        step = max([*ready.values(), *free], default=0.0)
-        return Prediction(step, busy, bytes_in, bytes_out, transfers, free), spans
-
-
-def _shared_fraction(spans: Mapping[Node, tuple[int, float, float]], n: Node) -> float:
-    """The fraction of node n's time during which a node of another worker runs too."""
-    w, start, end = spans[n]
-    if end <= start:
-        return 0.0
-    others = sorted((s, e) for m, (v, s, e) in spans.items() if v != w and e > start and s < end)
-    covered, reach = 0.0, start
-    for s, e in others:
-        lo, hi = max(s, reach), min(e, end)
-        if hi > lo:
-            covered += hi - lo
-            reach = hi
-    return covered / (end - start)
+    def _costs(self, batch: int, link: Link, slow: Mapping[Node, float],
+               shared: bool) -> Costs:
+        """This model's answers to the step simulator (graphflow/stepsim.py)."""
+        return Costs(
+            node_seconds=lambda n: self.node_seconds(n, batch) * slow.get(n, 1.0),
+            nbytes=lambda n: tensor_bytes(n, batch), transfer_seconds=link.seconds,
+            updates=self.concurrent_updates if shared else lambda _, alone: alone,
+            update_seconds=self.update_seconds)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -284,6 +284,20 @@ def users_of(nodes: Iterable[Node]) -> dict[Node, list[Node]]:
         for x in n.inputs:
             users.setdefault(x, []).append(n)
     return users
+
+
+def steps_to_send(order: Sequence[Node], users: Mapping[Node, list[Node]],
+                  sends: Callable[[Node], bool]) -> dict[Node, int]:
+    """For every node of `order` (a topological order) that is a send (`sends(n)`) and every
+    node one depends on, how many nodes away its nearest send is (a send: 0); recvs have none
+    (they arrive, they are not run). A worker runs these first: a peer may be waiting."""
+    steps: dict[Node, int] = {}
+    for n in reversed(order):
+        if sends(n):
+            steps[n] = 0
+        elif n.op != "recv" and (ahead := [steps[u] for u in users[n] if u in steps]):
+            steps[n] = 1 + min(ahead)
+    return steps
 
 
 def _graph_stack() -> list[Graph]:

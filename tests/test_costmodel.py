@@ -97,6 +97,30 @@ def test_sends_out_of_one_worker_serialise():
     assert p.step_seconds == pytest.approx(3.0 + 2.0)
 
 
+def test_a_worker_runs_what_a_peer_waits_for_first_as_the_runtime_does():
+    with gf.Graph() as g:  # h comes first in graph order, but b on worker 0 waits for a
+        x = gf.placeholder("x", (None, 1000))
+        gf.neg(x, name="h")
+        gf.neg(gf.neg(x, name="a"), name="b")
+    cm = _model({"h": 10.0, "a": 1.0, "b": 1.0})
+    p = cm.predict(g, {"x": 0, "h": 1, "a": 1, "b": 0})
+    assert p.transfers[0].start == pytest.approx(1.0)  # a, then h
+    assert p.step_seconds == pytest.approx(1.0 + 10.0)
+    assert p.finish == [pytest.approx(3.0), pytest.approx(11.0)]
+
+
+def test_a_pending_receive_does_not_hold_up_independent_nodes():
+    with gf.Graph() as g:  # b waits for a from worker 1; c, after b in graph order, runs first
+        x = gf.placeholder("x", (None, 1000))
+        a, d = gf.neg(x, name="a"), gf.neg(x, name="d")
+        gf.neg(a, name="b")
+        gf.neg(d, name="c")
+    assert [n.name for n in g.toposort()] == ["x", "a", "d", "b", "c"]
+    cm = _model({"a": 5.0, "b": 1.0, "c": 3.0, "d": 0.5})
+    p = cm.predict(g, {"x": 0, "a": 1, "b": 0, "c": 0, "d": 0})
+    assert p.step_seconds == pytest.approx(5.0 + 1.0 + 1.0)  # a, its transfer, b
+
+
 def test_placeholders_are_local_and_parameters_are_sent_from_their_owner():
     with gf.Graph() as g:
         x = gf.placeholder("x", (None, 1000))

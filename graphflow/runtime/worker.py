@@ -21,7 +21,7 @@ from graphflow.autodiff import is_seed
 from graphflow.errors import located
 from graphflow.executor import accumulate_kernel, checked_value, run_kernel
 from graphflow.init import initial_value
-from graphflow.ir import Graph, Node, users_of
+from graphflow.ir import Graph, Node, steps_to_send, users_of
 from graphflow.ops import packed_gemm, small_gemm
 from graphflow.ops.registry import REGISTRY
 from graphflow.optim import OPTIMIZERS, Optimizer
@@ -93,7 +93,7 @@ class Worker:
         self.order = graph.toposort()
         self.users = users_of(self.order)
         # what leads to a send, by its distance in nodes to the nearest send it feeds
-        self.urgent = _steps_to_send(self.order, self.users)
+        self.urgent = steps_to_send(self.order, self.users, lambda n: n.op == "send")
         self.position = {n: i for i, n in enumerate(self.order)}
         self.recvs = {n.attrs["key"]: n for n in self.order if n.op == "recv"}
         self.grad_nodes = set(self.grads.values())
@@ -371,15 +371,3 @@ def _forward_weights(order: list[Node]) -> list[str]:
                 small_gemm.wins(small_gemm.MAX_ROWS, w.shape[1], w.shape[0]):
             names.append(w.name)
     return list(dict.fromkeys(names))
-
-
-def _steps_to_send(order: list[Node], users: Mapping[Node, list[Node]]) -> dict[Node, int]:
-    """For the sends of a subgraph and every node a send depends on (recvs excepted: they are
-    not run, they arrive): how many nodes away its nearest send is (a send: 0)."""
-    steps: dict[Node, int] = {}
-    for n in reversed(order):
-        if n.op == "send":
-            steps[n] = 0
-        elif n.op != "recv" and (ahead := [steps[u] for u in users[n] if u in steps]):
-            steps[n] = 1 + min(ahead)
-    return steps

@@ -1,0 +1,169 @@
+"""The step simulator behind `CostModel.predict`: workers run their nodes as the runtime does.
+
+Each worker runs one node at a time, chosen as runtime/worker.py chooses: of the nodes whose
+inputs are there, first those that lead to a send (the nearest send first: a peer may be
+waiting), then the rest in the order they became ready. A tensor goes to each other worker
+that reads it once, as soon as it is computed, sends out of one worker one after another on
+its link. Last, each worker updates its parameters.
+
+Running nodes in plain topological order instead put, for speech-mlp split after its last
+hidden layer's sigmoid, the output layer's weight gradient (a third of that worker's step)
+before the gradient the other worker waited for: +20% against the measured step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from graphflow.ir import Graph, Node, steps_to_send, users_of
+
+LOCAL_OPS = ("placeholder", "constant")  # replicated: present on every worker at time 0
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One tensor sent from worker `src` to `dst` (one per tensor and destination)."""
+
+    tensor: str
+    src: int
+    dst: int
+    nbytes: int
+    start: float
+    seconds: float
+
+
+@dataclass
+class Prediction:
+    """A simulated training step: makespan, per-worker busy time and traffic, every transfer."""
+
+    step_seconds: float
+    busy: list[float]
+    bytes_in: list[int]
+    bytes_out: list[int]
+    transfers: list[Transfer] = field(default_factory=list)
+    finish: list[float] = field(default_factory=list)  # when each worker ends (its update done)
+
+    def __str__(self) -> str:
+        rows = [f"step {self.step_seconds * 1e3:.3f} ms, {len(self.transfers)} transfers"]
+        rows += [f"  worker {w}: busy {b * 1e3:.3f} ms, in {i} B, out {o} B"
+                 for w, (b, i, o) in enumerate(zip(self.busy, self.bytes_in, self.bytes_out))]
+        return "\n".join(rows)
+
+
+Span = tuple[int, float, float]  # (worker, start, end)
+# a node whose inputs are known: (when they are there, its rank: (0, steps to the nearest
+# send, position) for a node that leads to a send, else (1, when ready, position); the node)
+Queued = tuple[float, tuple[int, float, int], Node]
+
+
+@dataclass
+class Costs:
+    """What the simulator asks of the cost model: a node's seconds (times its `slow` factor),
+    a tensor's bytes and transfer seconds, the update seconds of each worker's parameters
+    (given when the workers end their compute)."""
+
+    node_seconds: Callable[[Node], float]
+    nbytes: Callable[[Node], int]
+    transfer_seconds: Callable[[int], float]
+    updates: Callable[[list[float], list[float]], list[float]]
+    update_seconds: Callable[[Node], float]
+
+
+def simulate(graph: Graph, where: Mapping[Node, int], costs: Costs,
+             starts: Sequence[float] | None = None) -> tuple[Prediction, dict[Node, Span]]:
+    """One step of `graph` with node n on worker where[n], worker w starting at starts[w]
+    (default 0): the prediction and each computed node's (worker, start, end)."""
+    order = graph.toposort()
+    workers = max(where.values(), default=0) + 1
+    begin = list(starts) if starts is not None else [0.0] * workers
+    free, link_free, busy = list(begin), list(begin), [0.0] * workers
+    bytes_in, bytes_out = [0] * workers, [0] * workers
+    users = users_of(order)
+    same = {n: [u for u in users[n] if where[u] == where[n]] for n in order}
+    dests = {n: sorted({where[u] for u in users[n]} - {where[n]}) for n in order
+             if n.op not in LOCAL_OPS}
+    urgent = steps_to_send(order, same, lambda n: bool(dests.get(n)))
+    position = {n: i for i, n in enumerate(order)}
+    ready: dict[tuple[Node, int], float] = {}  # (tensor, worker) -> when it is there
+    spans: dict[Node, Span] = {}
+    transfers: list[Transfer] = []
+
+    def produced(n: Node, end: float) -> None:
+        w = where[n]
+        ready[n, w] = end
+        for d in dests[n]:
+            nbytes = costs.nbytes(n)
+            start, seconds = max(end, link_free[w]), costs.transfer_seconds(nbytes)
+            link_free[w] = ready[n, d] = start + seconds
+            bytes_out[w] += nbytes
+            bytes_in[d] += nbytes
+            transfers.append(Transfer(n.name, w, d, nbytes, start, seconds))
+        for u in users[n]:
+            missing[u] -= 1
+            if missing[u] == 0:
+                arrive(u)
+
+    queues: list[list[Queued]] = [[] for _ in range(workers)]  # per worker: inputs known
+
+    def arrive(n: Node) -> None:
+        w = where[n]
+        at = max((ready[x, w] for x in n.inputs if x.op not in LOCAL_OPS), default=begin[w])
+        rank = (0, urgent[n], position[n]) if n in urgent else (1, at, position[n])
+        queues[w].append((at, rank, n))
+
+    computed = [n for n in order if n.op not in LOCAL_OPS and n.op != "parameter"]
+    missing = {n: sum(x.op not in LOCAL_OPS for x in n.inputs) for n in computed}
+    for n in order:  # a parameter is there when its worker starts the step
+        if n.op == "parameter":
+            produced(n, begin[where[n]])
+    for n in computed:
+        if missing[n] == 0:
+            arrive(n)
+    for _ in range(len(computed)):
+        n, w, start = _next(queues, free)
+        end = free[w] = start + costs.node_seconds(n)
+        busy[w] += end - start
+        spans[n] = (w, start, end)
+        produced(n, end)
+    alone = [0.0] * workers  # then each worker updates the parameters it holds
+    for n in order:
+        if n.op == "parameter":
+            alone[where[n]] += costs.update_seconds(n)
+    for w, seconds in enumerate(costs.updates(free, alone)):
+        free[w] += seconds
+        busy[w] += seconds
+    step = max([*ready.values(), *free], default=0.0)
+    return Prediction(step, busy, bytes_in, bytes_out, transfers, free), spans
+
+
+def _next(queues: list[list[Queued]], free: list[float]) -> tuple[Node, int, float]:
+    """The next node to start anywhere: (node, worker, start). A worker takes, once it is free,
+    the first by rank of its nodes whose inputs are there by then; the worker that starts
+    earliest goes first, so nothing simulated later can change its choice."""
+    best: tuple[float, int, int] | None = None  # (start, worker, index in its queue)
+    for w, q in enumerate(queues):
+        if q:
+            start = max(free[w], min(at for at, _, _ in q))
+            i = min((i for i, (at, _, _) in enumerate(q) if at <= start), key=lambda i: q[i][1])
+            if best is None or start < best[0]:
+                best = (start, w, i)
+    if best is None:
+        raise ValueError("the graph's dependencies form a cycle across workers")
+    start, w, i = best
+    return queues[w].pop(i)[2], w, start
+
+
+def shared_fraction(spans: Mapping[Node, Span], n: Node) -> float:
+    """The fraction of node n's time during which a node of another worker runs too."""
+    w, start, end = spans[n]
+    if end <= start:
+        return 0.0
+    others = sorted((s, e) for m, (v, s, e) in spans.items() if v != w and e > start and s < end)
+    covered, reach = 0.0, start
+    for s, e in others:
+        lo, hi = max(s, reach), min(e, end)
+        if hi > lo:
+            covered += hi - lo
+            reach = hi
+    return covered / (end - start)
