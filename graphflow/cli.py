@@ -145,6 +145,8 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--exit-with-parent", type=count, default=None, metavar="PID",
                    help="exit once process PID has ended (a driver names itself for the "
                         "workers it starts)")
+    w.add_argument("--cpu", type=non_negative, default=None, metavar="N",
+                   help="run on CPU N only (a local driver gives each of its workers a core)")
 
     ps = sub.add_parser("ps", help="serve one parameter-server shard",
                         description="Serve one parameter-server shard (normally the replica "
@@ -305,6 +307,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from graphflow.runtime.service import serve
 
+    if args.cpu is not None:  # before any thread starts: zmq's and the worker's inherit it
+        try:
+            os.sched_setaffinity(0, {args.cpu})
+        except (OSError, AttributeError) as e:
+            print(f"graphflow worker: cannot run on CPU {args.cpu}: {e}", file=sys.stderr)
+            return 2
     serve(args.listen, announce=True, own_gc=True, parent=args.exit_with_parent)
     return 0
 

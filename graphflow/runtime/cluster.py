@@ -38,7 +38,7 @@ from graphflow.errors import GraphflowError
 from graphflow.partitioners.plan import Plan
 from graphflow.runtime import pipeline
 from graphflow.runtime.clusterfile import read_cluster_file
-from graphflow.runtime.cores import BLAS_LIMIT, worker_env
+from graphflow.runtime.cores import BLAS_LIMIT, pinned_cores, worker_env
 from graphflow.runtime.heap import keep_freed_memory
 from graphflow.runtime.inflight import FeedBuffers, SentStep
 from graphflow.runtime.mailbox import PeerFailed
@@ -85,12 +85,13 @@ class Cluster:
     layerwise plan's stages in `schedule` order ("gpipe", "1f1b" or "eager": see
     runtime/pipeline.py), gradients averaged. `local_workers` (default: the plan's parts) is
     how many workers of this and other clusters share this machine's cores; each local worker
-    gets its share of BLAS threads. Threads-mode workers keep freed memory (runtime/heap.py)."""
+    gets its share of BLAS threads; with `pin`, worker processes that can each have a core get
+    one (runtime/cores.py). Threads-mode workers keep freed memory (runtime/heap.py)."""
 
     def __init__(self, plan: Plan, mode: str = "threads", hosts: Sequence[str] | None = None,
                  optimizer: Mapping[str, Any] | None = None, timeout: float = 30.0,
                  microbatches: int = 1, schedule: str = "eager",
-                 local_workers: int | None = None) -> None:
+                 local_workers: int | None = None, pin: bool = True) -> None:
         if mode not in ("threads", "processes", "remote"):
             raise ValueError(f"unknown mode '{mode}': threads, processes or remote")
         if hosts is not None:
@@ -113,7 +114,7 @@ class Cluster:
         self._tmp = tempfile.mkdtemp(prefix="graphflow-") if mode == "processes" else None
         self._threads: list[threading.Thread] = []
         # the workers of every cluster here share the cores (replicas: replicas x parts)
-        self.local_workers = local_workers or plan.parts
+        self.local_workers, self.pin = local_workers or plan.parts, pin
         self._blas_limited = mode == "threads" and BLAS_LIMIT.acquire(self.local_workers)
         self._procs: list[subprocess.Popen[bytes]] = []
         self.step_count = 0
@@ -150,6 +151,7 @@ class Cluster:
         if self.mode == "threads":  # the workers' tensors, every step again: see runtime/heap
             keep_freed_memory()
         addresses = []
+        pins = pinned_cores(self.plan.parts, self.local_workers) if self.pin else None
         for i in range(self.plan.parts):
             if self.mode == "threads":
                 address = f"inproc://graphflow-{self._run}-control{i}"
@@ -161,9 +163,10 @@ class Cluster:
                 self._threads.append(t)
             else:
                 address = f"ipc://{self._tmp}/control{i}"
+                cpu = ["--cpu", str(pins[i])] if pins else []
                 self._procs.append(subprocess.Popen(
                     [sys.executable, "-m", "graphflow.cli", "worker", "--listen", address,
-                     "--exit-with-parent", str(os.getpid())],
+                     "--exit-with-parent", str(os.getpid()), *cpu],
                     stderr=subprocess.DEVNULL, env=worker_env(self.local_workers)))
             addresses.append(address)
         return addresses
