@@ -26,19 +26,23 @@ def test_each_worker_gets_a_core_of_its_own_only_where_there_are_enough(monkeypa
 
 
 @pytest.mark.skipif(len(CORES) < 2, reason="needs 2 cores to give 2 workers one each")
-@pytest.mark.parametrize("pin", [True, False])
-def test_a_process_cluster_pins_its_workers(pin):
+@pytest.mark.parametrize(("strategy", "microbatches", "pin", "pinned"), [
+    ("layerwise", 2, None, True),  # by default a pipelined plan's workers
+    ("spatial", 1, None, False),   # not others': an idle worker's core serves the other
+    ("spatial", 1, True, True), ("layerwise", 2, False, False)])
+def test_a_process_cluster_pins_its_workers(strategy, microbatches, pin, pinned):
     model = models.digits_lc(batch=None)
-    plan = partition(model.graph, 2, "spatial", loss=model.loss)
+    plan = partition(model.graph, 2, strategy, loss=model.loss)
     rng = np.random.default_rng(0)
     feeds = {model.x.name: rng.standard_normal((4, 1, 32, 32)).astype(np.float32),
              model.y.name: rng.integers(0, 10, 4).astype(np.int32)}
-    with Cluster(plan, mode="processes", optimizer={"name": "sgd", "lr": 0.1}, pin=pin) as c:
+    with Cluster(plan, mode="processes", optimizer={"name": "sgd", "lr": 0.1}, pin=pin,
+                 microbatches=microbatches) as c:
         c.step(feeds)
         got = [os.sched_getaffinity(p.pid) for p in c._procs]
         tasks = os.listdir(f"/proc/{c._procs[1].pid}/task")
         threads = [os.sched_getaffinity(int(t)) for t in tasks]
-    if pin:
+    if pinned:
         assert got == [{CORES[0]}, {CORES[1]}]
         assert all(t == {CORES[1]} for t in threads), "zmq's and the worker's threads too"
     else:

@@ -85,13 +85,14 @@ class Cluster:
     layerwise plan's stages in `schedule` order ("gpipe", "1f1b" or "eager": see
     runtime/pipeline.py), gradients averaged. `local_workers` (default: the plan's parts) is
     how many workers of this and other clusters share this machine's cores; each local worker
-    gets its share of BLAS threads; with `pin`, worker processes that can each have a core get
-    one (runtime/cores.py). Threads-mode workers keep freed memory (runtime/heap.py)."""
+    gets its share of BLAS threads. With `pin` (default: pipelined clusters), worker processes
+    that can each have a core get one (runtime/cores.py). Threads-mode workers keep freed
+    memory (runtime/heap.py)."""
 
     def __init__(self, plan: Plan, mode: str = "threads", hosts: Sequence[str] | None = None,
                  optimizer: Mapping[str, Any] | None = None, timeout: float = 30.0,
                  microbatches: int = 1, schedule: str = "eager",
-                 local_workers: int | None = None, pin: bool = True) -> None:
+                 local_workers: int | None = None, pin: bool | None = None) -> None:
         if mode not in ("threads", "processes", "remote"):
             raise ValueError(f"unknown mode '{mode}': threads, processes or remote")
         if hosts is not None:
@@ -114,7 +115,8 @@ class Cluster:
         self._tmp = tempfile.mkdtemp(prefix="graphflow-") if mode == "processes" else None
         self._threads: list[threading.Thread] = []
         # the workers of every cluster here share the cores (replicas: replicas x parts)
-        self.local_workers, self.pin = local_workers or plan.parts, pin
+        self.local_workers = local_workers or plan.parts
+        self.pin = microbatches > 1 if pin is None else pin
         self._blas_limited = mode == "threads" and BLAS_LIMIT.acquire(self.local_workers)
         self._procs: list[subprocess.Popen[bytes]] = []
         self.step_count = 0

@@ -27,8 +27,11 @@ def pinned_cores(parts: int, local_workers: int) -> list[int] | None:
     receiver) then wake on their own worker's core, never behind the other worker's kernel.
     Unpinned, 4 of 10 freshly started speech-mlp pipelined clusters each ran every step
     20-35% slower than the rest (89-97 ms against 70-74) in two runs, 0 of 5 in a third;
-    pinned, none of 10. One worker, more workers than cores, or the workers of several
-    clusters (replicas) stay free to move."""
+    pinned, none of 10, and 4% faster in an interleaved run. A Cluster pins pipelined plans
+    only, whose stages are all busy at once: where one worker idles, its core serves the
+    other's helper threads (lc-large mincut ran 5% slower pinned, speech-mlp spatial 2%).
+    One worker, more workers than cores, or the workers of several clusters (replicas) stay
+    free to move."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if not 2 <= parts <= len(cores) or local_workers != parts:
         return None
