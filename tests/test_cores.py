@@ -16,20 +16,29 @@ from graphflow.runtime.cluster import Cluster
 CORES = sorted(os.sched_getaffinity(0))
 
 
-def test_each_worker_gets_a_core_of_its_own_only_where_there_are_enough(monkeypatch):
+def test_each_worker_gets_a_core_of_its_own_only_where_it_keeps_it_busy(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5, 7})
-    assert cores.pinned_cores(2, 2) == [0, 2]
-    assert cores.pinned_cores(4, 4) == [0, 2, 5, 7]
-    assert cores.pinned_cores(1, 1) is None  # one worker stays free to move
-    assert cores.pinned_cores(5, 5) is None  # more workers than cores
-    assert cores.pinned_cores(2, 4) is None  # two clusters' workers (replicas) share the cores
+    model = models.lc_large(batch=None)
+    plans = {k: partition(model.graph, k, "spatial", loss=model.loss) for k in (1, 2, 4, 5)}
+    assert cores.pinned_cores(plans[2], 1, 2) == [0, 2]  # spatial: both busy all the step
+    assert cores.pinned_cores(plans[4], 1, 4) == [0, 2, 5, 7]
+    assert cores.pinned_cores(plans[1], 1, 1) is None  # one worker stays free to move
+    assert cores.pinned_cores(plans[5], 1, 5) is None  # more workers than cores
+    assert cores.pinned_cores(plans[2], 1, 4) is None  # two clusters' workers share the cores
+    assert cores.pinned_cores(plans[2], 1, 2, pin=False) is None
+    mincut = partition(model.graph, 2, "mincut", loss=model.loss)
+    assert cores.pinned_cores(mincut, 1, 2) is None  # each worker idles 40% of the step
+    assert cores.pinned_cores(mincut, 1, 2, pin=True) == [0, 2]
+    layerwise = partition(model.graph, 2, "layerwise", loss=model.loss)
+    assert cores.pinned_cores(layerwise, 1, 2) is None
+    assert cores.pinned_cores(layerwise, 2, 2) == [0, 2]  # pipelined: every stage busy
 
 
 @pytest.mark.skipif(len(CORES) < 2, reason="needs 2 cores to give 2 workers one each")
 @pytest.mark.parametrize(("strategy", "microbatches", "pin", "pinned"), [
     ("layerwise", 2, None, True),  # by default a pipelined plan's workers
-    ("spatial", 1, None, False),   # not others': an idle worker's core serves the other
-    ("spatial", 1, True, True), ("layerwise", 2, False, False)])
+    ("layerwise", 1, None, False),  # not a plan that leaves a worker idle half the step
+    ("layerwise", 1, True, True), ("layerwise", 2, False, False)])
 def test_a_process_cluster_pins_its_workers(strategy, microbatches, pin, pinned):
     model = models.digits_lc(batch=None)
     plan = partition(model.graph, 2, strategy, loss=model.loss)

@@ -85,9 +85,9 @@ class Cluster:
     layerwise plan's stages in `schedule` order ("gpipe", "1f1b" or "eager": see
     runtime/pipeline.py), gradients averaged. `local_workers` (default: the plan's parts) is
     how many workers of this and other clusters share this machine's cores; each local worker
-    gets its share of BLAS threads. With `pin` (default: pipelined clusters), worker processes
-    that can each have a core get one (runtime/cores.py). Threads-mode workers keep freed
-    memory (runtime/heap.py)."""
+    gets its share of BLAS threads. `pin`: whether worker processes that can each have a core
+    get one (default: where they keep it busy, runtime/cores.py). Threads-mode workers keep
+    freed memory (runtime/heap.py)."""
 
     def __init__(self, plan: Plan, mode: str = "threads", hosts: Sequence[str] | None = None,
                  optimizer: Mapping[str, Any] | None = None, timeout: float = 30.0,
@@ -116,7 +116,7 @@ class Cluster:
         self._threads: list[threading.Thread] = []
         # the workers of every cluster here share the cores (replicas: replicas x parts)
         self.local_workers = local_workers or plan.parts
-        self.pin = microbatches > 1 if pin is None else pin
+        self.pin = pin
         self._blas_limited = mode == "threads" and BLAS_LIMIT.acquire(self.local_workers)
         self._procs: list[subprocess.Popen[bytes]] = []
         self.step_count = 0
@@ -153,7 +153,8 @@ class Cluster:
         if self.mode == "threads":  # the workers' tensors, every step again: see runtime/heap
             keep_freed_memory()
         addresses = []
-        pins = pinned_cores(self.plan.parts, self.local_workers) if self.pin else None
+        pins = (pinned_cores(self.plan, self.microbatches, self.local_workers, self.pin)
+                if self.mode == "processes" else None)
         for i in range(self.plan.parts):
             if self.mode == "threads":
                 address = f"inproc://graphflow-{self._run}-control{i}"

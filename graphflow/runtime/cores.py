@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from graphflow.partitioners.plan import Plan
 
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # (Numba reads its own at import and refuses a change once its threads run: set it only in
@@ -19,23 +22,32 @@ def core_share(workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // workers)
 
 
-def pinned_cores(parts: int, local_workers: int) -> list[int] | None:
-    """The core each of a local process cluster's `parts` workers is pinned to, or None.
+BUSY = 0.8  # the least share of a step every worker computes (predicted) for it to be pinned
 
-    Pinned when the cluster's workers are all the local ones and each gets a core of its own
-    (2 up to the cores this process may use): a worker's helper threads (zmq's, its sender and
-    receiver) then wake on their own worker's core, never behind the other worker's kernel.
-    Unpinned, 4 of 10 freshly started speech-mlp pipelined clusters each ran every step
-    20-35% slower than the rest (89-97 ms against 70-74) in two runs, 0 of 5 in a third;
-    pinned, none of 10, and 4% faster in an interleaved run. A Cluster pins pipelined plans
-    only, whose stages are all busy at once: where one worker idles, its core serves the
-    other's helper threads (lc-large mincut ran 5% slower pinned, speech-mlp spatial 2%).
-    One worker, more workers than cores, or the workers of several clusters (replicas) stay
-    free to move."""
+
+def pinned_cores(plan: Plan, microbatches: int, local_workers: int,
+                 pin: bool | None = None) -> list[int] | None:
+    """The core each worker process of a local cluster for `plan` is pinned to, or None.
+
+    Only where every worker can have a core of its own (2 up to the cores this process may
+    use, the cluster's workers all the local ones); then as `pin` says, by default where each
+    worker computes for most of the step: a pipelined plan, or one the cost model predicts
+    keeps every worker busy at least BUSY of the step. A pinned worker's helper threads (zmq's,
+    its sender and receiver) wake on its own core, never behind the other worker's kernel:
+    unpinned, 4 of 10 freshly started speech-mlp pipelined clusters ran every step 20-35%
+    slower than the rest (89-97 ms against 70-74), pinned none of 10; interleaved, pinned
+    speech-mlp pipelined ran 4% faster and lc-large spatial 2% (3 clusters each). Where a
+    worker idles, its core serves the other's helper threads: pinned, lc-large mincut (each
+    worker busy 60% of the step, predicted) ran 5% slower. One worker, more workers than
+    cores, and the workers of several clusters (replicas) stay free to move."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if not 2 <= parts <= len(cores) or local_workers != parts:
+    if not 2 <= plan.parts <= len(cores) or local_workers != plan.parts or pin is False:
         return None
-    return cores[:parts]
+    if pin is None and microbatches == 1:
+        step = plan.predict(64)
+        if min(step.busy) < BUSY * step.step_seconds:
+            return None
+    return cores[:plan.parts]
 
 
 def worker_env(workers: int) -> dict[str, str]:
