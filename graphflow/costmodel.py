@@ -301,8 +301,8 @@ class CostModel:
         where = {n: placement[n.name] for n in graph.nodes}
         start = [0.0] * (max(where.values(), default=0) + 1)
         ends = [0.0]
+        costs = self._costs(batch, self.link, {}, shared=False)
         for _ in range(steps):
-            costs = self._costs(batch, self.link, {}, shared=False)
             start = simulate(graph, where, costs, starts=start)[0].finish
             ends.append(max(start))
         return ends[-1] - ends[-2]

@@ -17,10 +17,8 @@ True
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -38,7 +36,7 @@ from graphflow.errors import GraphflowError
 from graphflow.partitioners.plan import Plan
 from graphflow.runtime import pipeline
 from graphflow.runtime.clusterfile import read_cluster_file
-from graphflow.runtime.cores import BLAS_LIMIT, pinned_cores, worker_env
+from graphflow.runtime.cores import BLAS_LIMIT, pinned_cores, start_worker_process
 from graphflow.runtime.heap import keep_freed_memory
 from graphflow.runtime.inflight import FeedBuffers, SentStep
 from graphflow.runtime.mailbox import PeerFailed
@@ -85,9 +83,8 @@ class Cluster:
     layerwise plan's stages in `schedule` order ("gpipe", "1f1b" or "eager": see
     runtime/pipeline.py), gradients averaged. `local_workers` (default: the plan's parts) is
     how many workers of this and other clusters share this machine's cores; each local worker
-    gets its share of BLAS threads. `pin`: whether worker processes that can each have a core
-    get one (default: where they keep it busy, runtime/cores.py). Threads-mode workers keep
-    freed memory (runtime/heap.py)."""
+    gets its share of BLAS threads, and with `pin` (default: where it keeps it busy) a core of
+    its own (runtime/cores.py). Threads-mode workers keep freed memory (runtime/heap.py)."""
 
     def __init__(self, plan: Plan, mode: str = "threads", hosts: Sequence[str] | None = None,
                  optimizer: Mapping[str, Any] | None = None, timeout: float = 30.0,
@@ -115,8 +112,7 @@ class Cluster:
         self._tmp = tempfile.mkdtemp(prefix="graphflow-") if mode == "processes" else None
         self._threads: list[threading.Thread] = []
         # the workers of every cluster here share the cores (replicas: replicas x parts)
-        self.local_workers = local_workers or plan.parts
-        self.pin = pin
+        self.local_workers, self.pin = local_workers or plan.parts, pin
         self._blas_limited = mode == "threads" and BLAS_LIMIT.acquire(self.local_workers)
         self._procs: list[subprocess.Popen[bytes]] = []
         self.step_count = 0
@@ -166,11 +162,8 @@ class Cluster:
                 self._threads.append(t)
             else:
                 address = f"ipc://{self._tmp}/control{i}"
-                cpu = ["--cpu", str(pins[i])] if pins else []
-                self._procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "graphflow.cli", "worker", "--listen", address,
-                     "--exit-with-parent", str(os.getpid()), *cpu],
-                    stderr=subprocess.DEVNULL, env=worker_env(self.local_workers)))
+                cpu = pins[i] if pins else None
+                self._procs.append(start_worker_process(address, self.local_workers, cpu))
             addresses.append(address)
         return addresses
 

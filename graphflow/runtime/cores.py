@@ -4,6 +4,8 @@ as a process's environment or, for worker threads, a limit on this process's BLA
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +50,17 @@ def pinned_cores(plan: Plan, microbatches: int, local_workers: int,
         if min(step.busy) < BUSY * step.step_seconds:
             return None
     return cores[:plan.parts]
+
+
+def start_worker_process(address: str, local_workers: int,
+                         cpu: int | None = None) -> subprocess.Popen[bytes]:
+    """A local `graphflow worker` serving `address`: its share of the cores' threads, on CPU
+    `cpu` alone if given, and gone once this process is."""
+    pin = ["--cpu", str(cpu)] if cpu is not None else []
+    return subprocess.Popen(
+        [sys.executable, "-m", "graphflow.cli", "worker", "--listen", address,
+         "--exit-with-parent", str(os.getpid()), *pin],
+        stderr=subprocess.DEVNULL, env=worker_env(local_workers))
 
 
 def worker_env(workers: int) -> dict[str, str]:
