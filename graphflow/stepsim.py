@@ -93,9 +93,11 @@ def simulate(graph: Graph, where: Mapping[Node, int], costs: Costs,
     def produced(n: Node, end: float) -> None:
         w = where[n]
         ready[n, w] = end
-        for d in dests[n]:
+        if dests[n]:
             nbytes = costs.nbytes(n)
-            start, seconds = max(end, link_free[w]), costs.transfer_seconds(nbytes)
+            seconds = costs.transfer_seconds(nbytes)
+        for d in dests[n]:
+            start = max(end, link_free[w])
             link_free[w] = ready[n, d] = start + seconds
             bytes_out[w] += nbytes
             bytes_in[d] += nbytes
@@ -113,11 +115,11 @@ def simulate(graph: Graph, where: Mapping[Node, int], costs: Costs,
         rank = (0, urgent[n], position[n]) if n in urgent else (1, at, position[n])
         queues[w].append((at, rank, n))
 
+    params = [n for n in order if n.op == "parameter"]
     computed = [n for n in order if n.op not in LOCAL_OPS and n.op != "parameter"]
     missing = {n: sum(x.op not in LOCAL_OPS for x in n.inputs) for n in computed}
-    for n in order:  # a parameter is there when its worker starts the step
-        if n.op == "parameter":
-            produced(n, begin[where[n]])
+    for n in params:  # a parameter is there when its worker starts the step
+        produced(n, begin[where[n]])
     for n in computed:
         if missing[n] == 0:
             arrive(n)
@@ -128,9 +130,8 @@ def simulate(graph: Graph, where: Mapping[Node, int], costs: Costs,
         spans[n] = (w, start, end)
         produced(n, end)
     alone = [0.0] * workers  # then each worker updates the parameters it holds
-    for n in order:
-        if n.op == "parameter":
-            alone[where[n]] += costs.update_seconds(n)
+    for n in params:
+        alone[where[n]] += costs.update_seconds(n)
     for w, seconds in enumerate(costs.updates(free, alone)):
         free[w] += seconds
         busy[w] += seconds
