@@ -237,10 +237,11 @@ class CostModel:
                                                     (read + written) / self.bandwidth_Bps)
         return self._memo[sig]
 
-    def update_seconds(self, param: Node) -> float:
-        """Seconds of the optimizer's update of `param`: read it and its gradient, write it,
-        at the optimizer kernel's measured rate."""
-        return UPDATE_PASSES * tensor_bytes(param, 1) / self.update_Bps  # (no batch axis)
+    def update_seconds(self, param: Node, parts: int = 1) -> float:
+        """Seconds of the optimizer's update of `param`: read it and its gradient (in `parts`
+        arrays), write it, at the optimizer kernel's measured rate."""
+        passes = UPDATE_PASSES + parts - 1
+        return passes * tensor_bytes(param, 1) / self.update_Bps  # (no batch axis)
 
     def concurrent_updates(self, starts: Sequence[float], alone: Sequence[float]) -> list[float]:
         """Each worker's update seconds when the workers share one machine's memory: an update

@@ -20,35 +20,42 @@ import numpy as np
 from numba import njit
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _element(g: np.ndarray, h: np.ndarray, i: int) -> float:
+    """Element i of the gradient: g's, or g's plus h's where the gradient comes in two parts
+    (an empty h: one part; the test is the same for every i, so LLVM takes it out of the loop)."""
+    return g[i] + h[i] if h.size else g[i]
+
+
 # error_model="numpy": no zero-division check in the loop, so it vectorises (Adagrad 5x)
 @njit(cache=True, nogil=True, error_model="numpy")
-def _sgd(p: np.ndarray, g: np.ndarray, lr: float) -> None:
+def _sgd(p: np.ndarray, g: np.ndarray, h: np.ndarray, lr: float) -> None:
     for i in range(p.size):
-        p[i] -= lr * g[i]
+        p[i] -= lr * _element(g, h, i)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _momentum(p: np.ndarray, g: np.ndarray, v: np.ndarray, lr: float, mu: float,
+def _momentum(p: np.ndarray, g: np.ndarray, h: np.ndarray, v: np.ndarray, lr: float, mu: float,
               scale: float) -> None:
     for i in range(p.size):
-        v[i] = mu * v[i] + scale * g[i]
+        v[i] = mu * v[i] + scale * _element(g, h, i)
         p[i] -= lr * v[i]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _adagrad(p: np.ndarray, g: np.ndarray, acc: np.ndarray, lr: float, eps: float,
-             scale: float) -> None:
+def _adagrad(p: np.ndarray, g: np.ndarray, h: np.ndarray, acc: np.ndarray, lr: float,
+             eps: float, scale: float) -> None:
     for i in range(p.size):
-        gi = scale * g[i]
+        gi = scale * _element(g, h, i)
         acc[i] += gi * gi
         # the floor: with eps 0, an element that never had a gradient stays (0 / tiny = 0)
         p[i] -= lr * gi / max(np.sqrt(acc[i]) + eps, 1e-30)
 
 
 class Optimizer(ABC):
-    """Base: `update(name, param, grad, scale)` changes `param` in place from the gradient
-    `scale * grad` (a sum over micro-batches takes its mean here, not in a pass of its own);
-    state is kept per name."""
+    """Base: `update(name, param, grad, scale, also)` changes `param` in place from the gradient
+    `scale * (grad + also)` (a sum over micro-batches takes its mean here, and a gradient in
+    two parts its sum, not in a pass of its own); state is kept per name."""
 
     slots: tuple[str, ...] = ()
 
@@ -58,27 +65,32 @@ class Optimizer(ABC):
         self.lr = lr
         self.state: dict[str, dict[str, np.ndarray]] = {}
 
-    def update(self, name: str, param: np.ndarray, grad: np.ndarray, scale: float = 1.0) -> None:
-        if param.shape != grad.shape:
-            raise ValueError(f"'{name}': gradient shape {grad.shape} != parameter {param.shape}")
+    def update(self, name: str, param: np.ndarray, grad: np.ndarray, scale: float = 1.0,
+               also: np.ndarray | None = None) -> None:
+        for part in (grad, also):
+            if part is not None and part.shape != param.shape:
+                raise ValueError(f"'{name}': gradient shape {part.shape} != parameter "
+                                 f"{param.shape}")
         if not param.flags.c_contiguous:
             raise ValueError(f"'{name}': parameter must be C-contiguous to update in place")
         state = self.state.get(name)
         if state is None:
             state = self.state[name] = {s: self._initial_slot(param) for s in self.slots}
         g = np.ascontiguousarray(grad, dtype=param.dtype).reshape(-1)
+        h = g[:0] if also is None else np.ascontiguousarray(also, dtype=param.dtype).reshape(-1)
         # scale in the parameter's dtype: a float64 one makes the loops float64 (momentum 1.5x
         # slower on float32)
-        self._apply(param.reshape(-1), g, {k: v.reshape(-1) for k, v in state.items()},
+        self._apply(param.reshape(-1), g, h, {k: v.reshape(-1) for k, v in state.items()},
                     param.dtype.type(scale))
 
     def _initial_slot(self, param: np.ndarray) -> np.ndarray:
         return np.zeros_like(param)
 
     @abstractmethod
-    def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray],
+    def _apply(self, p: np.ndarray, g: np.ndarray, h: np.ndarray, state: dict[str, np.ndarray],
                scale: float) -> None:
-        """Update flat `p` from flat `scale * g`, with this name's flat state slots."""
+        """Update flat `p` from flat `scale * (g + h)` (an empty h: from g alone), with this
+        name's flat state slots."""
 
     def spec(self) -> dict[str, float | str]:
         """{"name": ..., "lr": ..., ...}: what a worker or shard needs to build the same rule."""
@@ -92,9 +104,9 @@ class Optimizer(ABC):
 class SGD(Optimizer):
     """p -= lr * g"""
 
-    def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray],
+    def _apply(self, p: np.ndarray, g: np.ndarray, h: np.ndarray, state: dict[str, np.ndarray],
                scale: float) -> None:
-        _sgd(p, g, self.lr * scale)
+        _sgd(p, g, h, self.lr * scale)
 
 
 class Momentum(Optimizer):
@@ -106,9 +118,9 @@ class Momentum(Optimizer):
         super().__init__(lr)
         self.momentum = momentum
 
-    def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray],
+    def _apply(self, p: np.ndarray, g: np.ndarray, h: np.ndarray, state: dict[str, np.ndarray],
                scale: float) -> None:
-        _momentum(p, g, state["velocity"], self.lr, self.momentum, scale)
+        _momentum(p, g, h, state["velocity"], self.lr, self.momentum, scale)
 
 
 class Adagrad(Optimizer):
@@ -127,9 +139,9 @@ class Adagrad(Optimizer):
     def _initial_slot(self, param: np.ndarray) -> np.ndarray:
         return np.full_like(param, self.initial_accumulator)
 
-    def _apply(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray],
+    def _apply(self, p: np.ndarray, g: np.ndarray, h: np.ndarray, state: dict[str, np.ndarray],
                scale: float) -> None:
-        _adagrad(p, g, state["sum_sq"], self.lr, self.eps, scale)
+        _adagrad(p, g, h, state["sum_sq"], self.lr, self.eps, scale)
 
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": SGD, "momentum": Momentum, "adagrad": Adagrad}

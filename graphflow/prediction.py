@@ -55,8 +55,9 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
     early = early_weight_stages(plan)
     for n in plan.graph.nodes:
         w = plan.placement[n.name]
-        if n.op == "parameter":
-            update[w] += cm.update_seconds(n)
+        if n.op == "parameter":  # (an early W leaves the last micro-batches' part apart)
+            tail = w in early and plan.grads.get(n.name) in group_of
+            update[w] += cm.update_seconds(n, parts=2 if tail else 1)
         elif n.name in group_of and w in early:  # a micro-batch's W while a gradient is late
             w_work[w][group_of[n.name][1]] += side_by_side * cm.node_seconds(n, mb)
         elif n.name in group_of:  # W runs once over the joined micro-batches

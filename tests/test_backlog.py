@@ -81,3 +81,53 @@ def test_pipelined_step_with_early_weight_groups_equals_single_process(schedule,
     for name, value in zip(grads, want[1:], strict=True):
         scale = float(np.abs(value).max())
         assert float(np.abs(got[name] - value).max()) <= 1e-5 * scale, name
+
+
+@pytest.mark.parametrize("spec", [{"name": "sgd", "lr": 0.05},
+                                  {"name": "adagrad", "lr": 0.05, "initial_accumulator": 0.1}],
+                         ids=lambda s: s["name"])
+def test_first_stage_update_adds_its_last_weight_gradient_part(spec, monkeypatch):
+    """A light first stage before a heavy second one runs micro-batch 0's weight gradients
+    while it waits, and leaves micro-batch 1's as a part of its own that the update adds; the
+    parameters after a few steps are one process's."""
+    from graphflow.optim import Optimizer
+
+    parts = []
+    update = Optimizer.update
+
+    def spy(self, name, param, grad, scale=1.0, also=None):
+        parts.append((name, also is not None))
+        update(self, name, param, grad, scale, also)
+
+    monkeypatch.setattr(Optimizer, "update", spy)
+    model = _light_first_stage()
+    rng = np.random.default_rng(0)
+    batches = [{"x": rng.standard_normal((32, 16), dtype=np.float32),
+                "y": rng.integers(0, 10, 32).astype(np.int32)} for _ in range(3)]
+    trainer = gf.Trainer(model, gf.optim.OPTIMIZERS[spec["name"]](
+        **{k: v for k, v in spec.items() if k != "name"}))
+    for b in batches:
+        trainer.step(b["x"], b["y"])
+    parts.clear()
+    model = _light_first_stage()  # (a graph of its own: the trainer's has gradient nodes)
+    plan = partition(model.graph, 2, "manual", loss=model.loss)
+    with gf.Cluster(plan, mode="threads", optimizer=spec, microbatches=2, timeout=60) as c:
+        for b in batches:
+            c.step(b)
+        got = plan.assemble(c.params())
+    assert ("fc1/W", True) in parts, parts
+    for name, want in trainer.session.params.items():
+        scale = float(np.abs(want).max())
+        assert float(np.abs(got[name] - want).max()) <= 1e-5 * scale, name
+
+
+def _light_first_stage():
+    with gf.Graph() as g:
+        x = gf.placeholder("x", (None, 16))
+        y = gf.placeholder("y", (None,), dtype="int32")
+        h = gf.sigmoid(gf.layers.dense(x, 32, name="fc1"))
+        with gf.device("worker:1"):
+            h = gf.sigmoid(gf.layers.dense(h, 1536, name="big"))
+            logits = gf.layers.dense(h, 10, name="out")
+            loss = gf.softmax_cross_entropy(logits, y)
+    return gf.models.Model("light-first", g, x, y, logits, loss)

@@ -77,3 +77,19 @@ def test_a_scaled_update_is_the_update_of_the_scaled_gradient(make):
         scaled.update("w", p, 4 * g, scale=0.25)
         plain.update("w", q, g)
     np.testing.assert_allclose(p, q, rtol=1e-12)
+
+
+@pytest.mark.parametrize("make", [lambda: SGD(0.1), lambda: Momentum(0.1, momentum=0.9),
+                                  lambda: Adagrad(0.5)], ids=["sgd", "momentum", "adagrad"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_gradient_in_two_parts_updates_as_their_sum(make, dtype):
+    # a first pipeline stage hands over its last micro-batch's weight gradient on its own
+    parts, whole = make(), make()
+    p, q = np.ones((4, 5), dtype), np.ones((4, 5), dtype)
+    for g in _grads():
+        g = g.astype(dtype)
+        parts.update("w", p, 0.75 * g, scale=0.5, also=0.25 * g)
+        whole.update("w", q, g, scale=0.5)
+    np.testing.assert_allclose(p, q, rtol=1e-6 if dtype == np.float32 else 1e-12)
+    with pytest.raises(ValueError, match="'w': gradient shape"):
+        SGD(0.1).update("w", p, np.ones((4, 5), dtype), also=np.ones(3, dtype))

@@ -102,8 +102,11 @@ class PSLink:
                 t.start()
 
     # -- the optimizer's place in Worker.run_step ------------------------------------------------
-    def update(self, name: str, param: np.ndarray, grad: np.ndarray, scale: float = 1.0) -> None:
-        """Sum `scale * grad` for the next push (the PS applies it, not this worker)."""
+    def update(self, name: str, param: np.ndarray, grad: np.ndarray, scale: float = 1.0,
+               also: np.ndarray | None = None) -> None:
+        """Sum `scale * (grad + also)` for the next push (the PS applies it, not this worker)."""
+        if also is not None:
+            grad = grad + also
         if scale != 1.0:
             grad = grad * np.asarray(scale, param.dtype)
         total = self.sums.get(name)
@@ -298,7 +301,10 @@ class AllReduceLink:
         self.sums: dict[str, np.ndarray] = {}
         self.trace: Recorder | None = None  # set while a run is traced (graphflow/trace)
 
-    def update(self, name: str, param: np.ndarray, grad: np.ndarray, scale: float = 1.0) -> None:
+    def update(self, name: str, param: np.ndarray, grad: np.ndarray, scale: float = 1.0,
+               also: np.ndarray | None = None) -> None:
+        if also is not None:
+            grad = grad + also
         self.sums[name] = grad if scale == 1.0 else grad * np.asarray(scale, param.dtype)
 
     def before_step(self, step: int) -> None:
