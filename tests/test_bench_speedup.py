@@ -151,3 +151,32 @@ def test_quick_run_with_auto_micro_batches_says_which_it_chose(tmp_path, capsys)
     trials = piped["microbatch_trials_s"]
     assert trials[str(piped["microbatches"])] == min(trials.values())
     assert f"{piped['microbatches']} micro-batches (auto)" in capsys.readouterr().out
+
+
+def test_rounds_time_a_points_clusters_and_the_one_worker_pair_by_turns():
+    # clusters of one plan differ, so a point's time is not one cluster's: each has two
+    from argparse import Namespace
+
+    from graphflow.bench.rounds import time_rounds
+    from graphflow.progress import Progress
+
+    calls = []
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+        def stream(self, feeds):
+            for _ in feeds:
+                calls.append(self.name)
+                yield {}
+
+    base, other, a, b = (Fake(n) for n in ("base", "other", "a", "b"))
+    points = [{"workload": "w", "times_s": []}]
+    with Progress(4, "w", enabled=False) as bar:
+        ceiling = time_rounds(base, other, {0: [a, b]}, points, {}, Namespace(steps=4, window=1),
+                              bar)
+    # a round: one 1-worker cluster alone, both at once (either order), the point
+    assert calls[0::4] == ["base", "other", "base", "other"]
+    assert calls[3::4] == ["a", "b", "a", "b"]
+    assert len(points[0]["times_s"]) == len(ceiling["alone_s"]) == 4

@@ -22,25 +22,27 @@ TRIAL_ROUNDS = 5  # interleaved windows per micro-batch count in a trial (3 pick
 #                  for speech-mlp once where 2 were 5-7% faster in three longer interleaved runs)
 
 
-def time_rounds(base: Cluster, other: Cluster, running: dict[int, Cluster],
+def time_rounds(base: Cluster, other: Cluster, running: dict[int, list[Cluster]],
                 points: list[dict[str, Any]], feeds: dict[str, np.ndarray],
                 args: argparse.Namespace, bar: Progress,
                 between: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    """`args.steps` rounds, each: `args.window` steps of the 1-worker `base` alone, as many of
-    `base` and of the independent 1-worker `other` at once (the ceiling), as many of every
-    running point, then `between` (the cost model's kernels timed again). A neighbour's burst
-    so spreads over all points instead of spoiling one. Times are per step."""
+    """`args.steps` rounds, each: `args.window` steps of a 1-worker cluster alone (`base` and
+    `other` by turns), as many of `base` and of the independent 1-worker `other` at once (the
+    ceiling), as many of every running point, then `between` (the cost model's kernels timed
+    again). A neighbour's burst so spreads over all points instead of spoiling one. A point
+    with several clusters times one a round, by turns. Times are per step."""
     alone, both = [], []
     window = args.window
     with ThreadPoolExecutor(2) as pool:
         for r in range(args.steps):
-            alone.append(timed(base, feeds, window))
+            alone.append(timed((base, other)[r % 2], feeds, window))
             t0 = time.perf_counter()
             list(pool.map(lambda c: timed(c, feeds, window), (base, other)))
             both.append((time.perf_counter() - t0) / window)
-            for i, cluster in list(running.items()):
+            for i, clusters in list(running.items()):
                 try:
-                    points[i]["times_s"].append(timed(cluster, feeds, window))
+                    points[i]["times_s"].append(timed(clusters[r % len(clusters)], feeds,
+                                                      window))
                 except Exception as e:  # noqa: BLE001 - drop the point, keep the others
                     points[i]["error"] = f"{type(e).__name__}: {e}"
                     del running[i]

@@ -8,6 +8,9 @@ over one alone (the best a 2-worker speedup can be here and now).
 
 Every cluster of a workload is started first, then timed in rounds (a few steps of each per
 round, streamed as training runs them: `Cluster.stream`), so a busy neighbour slows all alike;
+each point has two clusters of its own, timed in alternate rounds, and the 1-worker time
+alternates between two alike (freshly started clusters of one plan differ: one in five or six
+ran 8-30% slower for as long as we timed it);
 speedup = median 1-worker step / median step, and "paired" is the median over rounds of the
 round's 1-worker step over the point's step (steadier when the machine's speed drifts between
 rounds). The cost model's kernels are timed again after every round and predictions use their
@@ -102,6 +105,11 @@ def parser() -> argparse.ArgumentParser:
                         "over the count; 1 times steps one by one (16: a stream's first step "
                         "waits for the whole pipeline, once per stretch, where training pays "
                         "it once per run)")
+    p.add_argument("--clusters", type=count, default=None,
+                   help="clusters started per point, timed a round each by turns (2: freshly "
+                        "started clusters of one plan differ, one in five or six by 8-30%% "
+                        "for as long as we timed it; the 1-worker time alternates between "
+                        "the ceiling's two clusters alike)")
     p.add_argument("--warmup", type=non_negative, default=None, help="untimed steps per point (2)")
     p.add_argument("--batch", type=count, default=None, help="mini-batch size (64)")
     p.add_argument("--mode", choices=("processes", "threads"), default="processes",
@@ -129,7 +137,7 @@ def parser() -> argparse.ArgumentParser:
 def _settle(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     """Fill the defaults that --quick changes and check the numbers."""
     for key, quick, full in (("steps", 1, 8), ("window", 2, 16), ("warmup", 1, 2),
-                             ("batch", 8, 64), ("microbatches", 2, "auto")):
+                             ("batch", 8, 64), ("microbatches", 2, "auto"), ("clusters", 1, 2)):
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
     args.machines = MACHINES[:3] if args.quick else MACHINES
@@ -214,7 +222,7 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
                                         enabled=not args.no_progress) as bar:
         base, other = (stack.enter_context(start_cluster(plan1, args, 1, feeds, f"P=1 ({x})"))
                        for x in "ab")
-        running: dict[int, Cluster] = {}
+        running: dict[int, list[Cluster]] = {}
         for i, ((label, strategy, mb), n) in enumerate(todo):
             bar.label = f"{model.name} started {label} P={n}"
             try:
@@ -234,8 +242,12 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
                 for b in {largest_microbatch(args.batch, mb), args.batch}:
                     CostModel.calibrate(plan.graph, b, args.repeats)  # (new kernel shapes)
                     retimed.setdefault(b, {}).update(kernels(plan.graph, b))
-                running[i] = stack.enter_context(
-                    cluster or start_cluster(plan, args, mb, feeds, f"{label} P={n}"))
+                clusters = [stack.enter_context(
+                    cluster or start_cluster(plan, args, mb, feeds, f"{label} P={n}"))]
+                for k in range(1, args.clusters):  # (see --clusters)
+                    clusters.append(stack.enter_context(
+                        start_cluster(plan, args, mb, feeds, f"{label} P={n} ({k + 1})")))
+                running[i] = clusters
             except Exception as e:  # noqa: BLE001 - one failed point is reported
                 points[i]["error"] = f"{type(e).__name__}: {e}"
             bar.update()
