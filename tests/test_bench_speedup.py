@@ -6,6 +6,7 @@ import pytest
 
 from graphflow import prediction
 from graphflow.bench import speedup
+from graphflow.bench.rounds import TRIAL_WITHIN
 from graphflow.costmodel import CostModel
 from graphflow.models import digits_lc, speech_mlp
 from graphflow.partitioners import partition
@@ -145,10 +146,13 @@ def test_quick_run_with_auto_micro_batches_says_which_it_chose(tmp_path, capsys)
     assert code == 0
     points = json.loads(out_json.read_text())["workloads"]["digits-lc"]["points"]
     piped = next(p for p in points if p["strategy"] == "layerwise+eager")
-    # every count predicted and tried; the one that ran fastest in the trial was measured
-    assert set(piped["microbatch_predictions_s"]) == set(piped["microbatch_trials_s"]) \
-        == {"2", "3", "4", "8"}
+    # every count predicted, those near the best tried; the fastest in the trial was measured
+    predicted = piped["microbatch_predictions_s"]
+    assert set(predicted) == {"2", "3", "4", "8"}
+    near = {m for m, secs in predicted.items()
+            if secs <= TRIAL_WITHIN * min(predicted.values())}
     trials = piped["microbatch_trials_s"]
+    assert set(trials) == near
     assert trials[str(piped["microbatches"])] == min(trials.values())
     assert f"{piped['microbatches']} micro-batches (auto)" in capsys.readouterr().out
 

@@ -18,7 +18,8 @@ medians: a shared machine's speed drifts within minutes, and a calibration made 
 the rounds, missed by 30-40% when it did. A pipelined prediction
 runs the schedule through `graphflow.runtime.pipeline.simulate` with the cost model's per-stage
 forward, backward and weight-gradient times. By default the pipelined row runs the
-micro-batch count (2, 3, 4 or 8) that was fastest in a short trial of each before the rounds;
+micro-batch count (of 2, 3, 4 and 8, those predicted within 30% of the best) that was fastest
+in a short trial of each before the rounds, on two clusters a count;
 the predictions of every count are in the JSON beside the trial's times.
 """
 
@@ -42,7 +43,12 @@ from graphflow.bench import (
     machine_info,
     single_threaded,
 )
-from graphflow.bench.rounds import fastest_microbatches, start_cluster, time_rounds
+from graphflow.bench.rounds import (
+    TRIAL_WITHIN,
+    fastest_microbatches,
+    start_cluster,
+    time_rounds,
+)
 from graphflow.bench.speedup_plot import plot
 from graphflow.costmodel import CostModel, kernels
 from graphflow.ir import Node
@@ -117,7 +123,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatches", type=microbatch_count, default=None,
                    help="micro-batches of the pipelined layerwise rows: a count (1: no "
                         "pipelined rows) or auto, the count of 2, 3, 4, 8 fastest in a short "
-                        "trial of each (auto)")
+                        "trial of those predicted within 30%% of the best (auto)")
     p.add_argument("--schedule", choices=SCHEDULES, default="eager",
                    help="pipeline schedule of the pipelined layerwise rows (eager)")
     p.add_argument("--json", type=Path, default=Path("benchmarks/results/speedup.json"),
@@ -229,24 +235,26 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
                 plan = plans[i] = partition(model.graph, n, strategy, loss=model.loss,
                                             cost=cost)
                 points[i].update(workers_used=workers_used(plan), times_s=[])
-                cluster = None
+                clusters: list[Cluster] = []
                 if mb == "auto":
                     bar.label = f"{model.name} choosing micro-batches for {label} P={n}"
                     mb, choices = best_microbatches(plan, args.batch, args.repeats,
                                                     args.schedule)
-                    if choices:  # the predictions ranked them: a trial measures them
-                        mb, cluster, trials = fastest_microbatches(
-                            plan, args, sorted(choices), feeds, f"{label} P={n}")
-                        points[i]["microbatch_trials_s"] = trials
+                    if choices:  # the predictions ranked them: a trial measures the near ones
+                        near = [m for m, secs in sorted(choices.items())
+                                if secs <= TRIAL_WITHIN * min(choices.values())]
+                        mb, trial, times = fastest_microbatches(plan, args, near, feeds,
+                                                                f"{label} P={n}")
+                        clusters = [stack.enter_context(c) for c in trial]
+                        points[i]["microbatch_trials_s"] = times
                     points[i].update(microbatches=mb, microbatch_predictions_s=choices)
                 for b in {largest_microbatch(args.batch, mb), args.batch}:
                     CostModel.calibrate(plan.graph, b, args.repeats)  # (new kernel shapes)
                     retimed.setdefault(b, {}).update(kernels(plan.graph, b))
-                clusters = [stack.enter_context(
-                    cluster or start_cluster(plan, args, mb, feeds, f"{label} P={n}"))]
-                for k in range(1, args.clusters):  # (see --clusters)
+                for k in range(len(clusters), args.clusters):  # (see --clusters)
+                    name = f"{label} P={n}" + (f" ({k + 1})" if k else "")
                     clusters.append(stack.enter_context(
-                        start_cluster(plan, args, mb, feeds, f"{label} P={n} ({k + 1})")))
+                        start_cluster(plan, args, mb, feeds, name)))
                 running[i] = clusters
             except Exception as e:  # noqa: BLE001 - one failed point is reported
                 points[i]["error"] = f"{type(e).__name__}: {e}"
