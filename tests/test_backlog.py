@@ -1,5 +1,6 @@
 """The W phase's backlog: groups of W nodes, each taking the micro-batches it has not taken,
-joined; and a worker that fills its waits one group at a time gives the same gradients."""
+joined; and a worker that fills its waits one group at a time, and hands its last part of a
+gradient to the update apart, gives the same gradients and parameters."""
 
 import numpy as np
 import pytest
@@ -117,17 +118,66 @@ def test_first_stage_update_adds_its_last_weight_gradient_part(spec, monkeypatch
         got = plan.assemble(c.params())
     assert ("fc1/W", True) in parts, parts
     for name, want in trainer.session.params.items():
-        scale = float(np.abs(want).max())
-        assert float(np.abs(got[name] - want).max()) <= 1e-5 * scale, name
+        _assert_close(got[name], want, f"parameter {name} after 3 steps")
 
 
-def _light_first_stage():
+def test_first_stage_fills_its_cooldown_waits_with_weight_gradients(tmp_path, monkeypatch):
+    """A light first stage before a heavy second one: while it waits for a late micro-batch's
+    gradient, the first stage already runs the weight-gradient (W) work of the micro-batches
+    done so far, in more than one W run; a later run's weight gemm adds into the gradient's
+    sum in place; the gradients still equal one process's."""
+    from graphflow.runtime import worker
+    from graphflow.trace import read, recording
+    from graphflow.trace.chrome import events
+
+    accumulated = []
+
+    def spy(node, inputs, out, check_numerics=False):
+        accumulated.append(node.name)
+        return accumulate_kernel(node, inputs, out, check_numerics)
+
+    accumulate_kernel = worker.accumulate_kernel
+    monkeypatch.setattr(worker, "accumulate_kernel", spy)
+
+    model = _light_first_stage(heavy_layers=2)
+    g, x, y, loss = model.graph, model.x, model.y, model.loss
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((64, 16), dtype=np.float32),
+             "y": rng.integers(0, 10, 64).astype(np.int32)}
+    plan = partition(g, 2, "manual", loss=loss)
+    with gf.Cluster(plan, microbatches=4, schedule="1f1b", timeout=60) as cluster:
+        cluster.gradients(feeds)
+        with recording(tmp_path / "step.json"):
+            out = cluster.gradients(feeds)
+    spans = [e.name for e in events(read(tmp_path / "step.json"))
+             if e.process == "worker 0" and e.thread == "executor"]
+    assert spans.count("grad/fc1/matmul/matmul") >= 2, spans  # one W run at the end before
+    assert "grad/fc1/matmul/matmul" in accumulated
+
+    grads = gf.gradients(loss, g.parameters())
+    values = gf.Session(g).run([loss, *grads.values()], {x: feeds["x"], y: feeds["y"]})
+    _assert_close(out.pop("loss"), values[0], "loss")
+    got = plan.assemble(out)
+    for name, want in zip(grads, values[1:], strict=True):
+        _assert_close(got[name], want, f"gradient of {name}")
+
+
+def _light_first_stage(heavy_layers=1):
+    """A 2-worker model whose first stage is light and second heavy: the first one's
+    gradients come late."""
     with gf.Graph() as g:
         x = gf.placeholder("x", (None, 16))
         y = gf.placeholder("y", (None,), dtype="int32")
         h = gf.sigmoid(gf.layers.dense(x, 32, name="fc1"))
         with gf.device("worker:1"):
-            h = gf.sigmoid(gf.layers.dense(h, 1536, name="big"))
+            for i in range(heavy_layers):
+                h = gf.sigmoid(gf.layers.dense(h, 1536, name=f"big{i + 1}"))
             logits = gf.layers.dense(h, 10, name="out")
             loss = gf.softmax_cross_entropy(logits, y)
     return gf.models.Model("light-first", g, x, y, logits, loss)
+
+
+def _assert_close(got, want, what):
+    scale = float(np.abs(want).max()) + 1e-12
+    err = float(np.abs(np.asarray(got) - want).max())
+    assert err <= 1e-5 * scale, f"{what}: max error {err:.3g} vs scale {scale:.3g}"
