@@ -105,13 +105,14 @@ class PSLink:
     def update(self, name: str, param: np.ndarray, grad: np.ndarray, scale: float = 1.0,
                also: np.ndarray | None = None) -> None:
         """Sum `scale * (grad + also)` for the next push (the PS applies it, not this worker)."""
+        fresh = also is not None or scale != 1.0  # grad becomes an array of our own
         if also is not None:
             grad = grad + also
         if scale != 1.0:
             grad = grad * np.asarray(scale, param.dtype)
         total = self.sums.get(name)
         if total is None:
-            self.sums[name] = np.array(grad, dtype=param.dtype)
+            self.sums[name] = (np.asarray if fresh else np.array)(grad, dtype=param.dtype)
         else:
             np.add(total, grad, out=total)
 

@@ -37,7 +37,8 @@ def pinned_cores(plan: Plan, microbatches: int, local_workers: int,
     keeps every worker busy at least BUSY of the step. A pinned worker's helper threads (zmq's,
     its sender and receiver) wake on its own core, never behind the other worker's kernel:
     unpinned, 4 of 10 freshly started speech-mlp pipelined clusters ran every step 20-35%
-    slower than the rest (89-97 ms against 70-74), pinned none of 10; interleaved, pinned
+    slower than the rest (89-97 ms against 70-74), pinned none of 10 (later checks found one
+    pinned cluster in five or six 8-30% slower: rarer, not gone); interleaved, pinned
     speech-mlp pipelined ran 4% faster and lc-large spatial 2% (3 clusters each). Where a
     worker idles, its core serves the other's helper threads: pinned, lc-large mincut (each
     worker busy 60% of the step, predicted) ran 5% slower. One worker, more workers than
