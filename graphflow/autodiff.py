@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from graphflow.errors import GraphError, located
 from graphflow.ir import Node
 from graphflow.ops.registry import REGISTRY, apply
@@ -47,8 +49,9 @@ def gradients(loss: Node, wrt: Sequence[Node], dy: Node | None = None) -> dict[s
             raise GraphError(located(w, f"the loss '{loss.name}' does not depend on it"))
 
     with graph:
-        seed = dy if dy is not None else apply("ones_like", loss, name=f"grad/{loss.name}",
-                                               seed=True)
+        # a constant, not ones_like(loss): the backward pass need not wait for the loss value
+        seed = dy if dy is not None else apply("constant", name=f"grad/{loss.name}", seed=True,
+                                               value=np.ones(loss.shape, loss.dtype))
         partials: dict[Node, list[Node]] = {loss: [seed]}
         done: dict[Node, Node] = {}
         for node in reversed(forward):
@@ -101,4 +104,4 @@ def is_seed(node: Node) -> bool:
     """Whether `node` is the 1 that backpropagation starts from (`gradients` without `dy`):
     every gradient is linear in it, so scaling it scales them all (a pipeline weighs unequal
     micro-batches so)."""
-    return node.op == "ones_like" and bool(node.attrs.get("seed", False))
+    return node.op == "constant" and bool(node.attrs.get("seed", False))

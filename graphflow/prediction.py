@@ -17,6 +17,7 @@ from graphflow.runtime.pipeline import (
     check_linear,
     deferred_weight_nodes,
     is_backward,
+    late_nodes,
     microbatch_rows,
     runs_weights_early,
     simulate,
@@ -36,7 +37,7 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
     shipping of the inputs included. With `contention` (see CostModel.predict), what workers
     compute at once runs that much slower. Pipelined: the stages' forward, backward and
     weight-gradient work per micro-batch, run through the worker's `schedule`
-    (pipeline.simulate), then each stage's parameter update."""
+    (pipeline.simulate), then each stage's fetch-only nodes (`late_nodes`) and its update."""
     mb = largest_microbatch(batch, microbatches)
     cm = cost or CostModel.calibrate(plan.graph, mb, repeats)
     link = link or cm.link
@@ -53,9 +54,13 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
     group_of = {name: (w, i) for w, gs in groups.items() for i, g in enumerate(gs) for name in g}
     w_work = [[0.0] * len(groups[w]) for w in range(plan.parts)]  # per worker and W group
     early = early_weight_stages(plan)
+    order = plan.graph.toposort()
+    late = set(late_nodes(order, users_of(order)))
     for n in plan.graph.nodes:
         w = plan.placement[n.name]
-        if n.op == "parameter":  # (an early W leaves the last micro-batches' part apart)
+        if n in late:  # run at the end, over each micro-batch (a fetched loss)
+            update[w] += side_by_side * microbatches * cm.node_seconds(n, mb)
+        elif n.op == "parameter":  # (an early W leaves the last micro-batches' part apart)
             tail = w in early and plan.grads.get(n.name) in group_of
             update[w] += cm.update_seconds(n, parts=2 if tail else 1)
         elif n.name in group_of and w in early:  # a micro-batch's W while a gradient is late

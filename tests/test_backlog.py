@@ -1,6 +1,7 @@
 """The W phase's backlog: groups of W nodes, each taking the micro-batches it has not taken,
 joined; and a worker that fills its waits one group at a time, and hands its last part of a
-gradient to the update apart, gives the same gradients and parameters."""
+gradient to the update apart, gives the same gradients and parameters; the loss waits for the
+W task."""
 
 import numpy as np
 import pytest
@@ -127,8 +128,6 @@ def test_first_stage_fills_its_cooldown_waits_with_weight_gradients(tmp_path, mo
     done so far, in more than one W run; a later run's weight gemm adds into the gradient's
     sum in place; the gradients still equal one process's."""
     from graphflow.runtime import worker
-    from graphflow.trace import read, recording
-    from graphflow.trace.chrome import events
 
     accumulated = []
 
@@ -141,16 +140,9 @@ def test_first_stage_fills_its_cooldown_waits_with_weight_gradients(tmp_path, mo
 
     model = _light_first_stage(heavy_layers=2)
     g, x, y, loss = model.graph, model.x, model.y, model.loss
-    rng = np.random.default_rng(0)
-    feeds = {"x": rng.standard_normal((64, 16), dtype=np.float32),
-             "y": rng.integers(0, 10, 64).astype(np.int32)}
+    feeds = _feeds()
     plan = partition(g, 2, "manual", loss=loss)
-    with gf.Cluster(plan, microbatches=4, schedule="1f1b", timeout=60) as cluster:
-        cluster.gradients(feeds)
-        with recording(tmp_path / "step.json"):
-            out = cluster.gradients(feeds)
-    spans = [e.name for e in events(read(tmp_path / "step.json"))
-             if e.process == "worker 0" and e.thread == "executor"]
+    out, spans = _traced_step(plan, feeds, 4, "worker 0", tmp_path)
     assert spans.count("grad/fc1/matmul/matmul") >= 2, spans  # one W run at the end before
     assert "grad/fc1/matmul/matmul" in accumulated
 
@@ -160,6 +152,45 @@ def test_first_stage_fills_its_cooldown_waits_with_weight_gradients(tmp_path, mo
     got = plan.assemble(out)
     for name, want in zip(grads, values[1:], strict=True):
         _assert_close(got[name], want, f"gradient of {name}")
+
+
+def test_last_stage_computes_the_loss_once_every_gradient_is_sent(tmp_path):
+    """The backward pass starts from a constant 1, not from the loss value, so a pipelined
+    last stage leaves each micro-batch's loss (only fetched) to its W task: no gradient the
+    first stage waits for queues behind it. The loss is still the whole batch's."""
+
+    model = _light_first_stage()
+    plan = partition(model.graph, 2, "manual", loss=model.loss)
+    seed = plan.workers[1].graph[f"grad/{model.loss.name}"]
+    assert seed.op == "constant" and not seed.inputs
+    feeds = _feeds()
+    out, spans = _traced_step(plan, feeds, 3, "worker 1", tmp_path)
+    sends = [i for i, name in enumerate(spans) if name.startswith("send/grad/")]
+    losses = [i for i, name in enumerate(spans) if name == model.loss.name]
+    assert len(sends) == 3 and len(losses) == 3, spans
+    assert max(sends) < min(losses), spans
+    want = gf.Session(model.graph).run([model.loss], {model.x: feeds["x"], model.y: feeds["y"]})
+    _assert_close(out["loss"], want[0], "loss")
+
+
+def _feeds():
+    rng = np.random.default_rng(0)
+    return {"x": rng.standard_normal((64, 16), dtype=np.float32),
+            "y": rng.integers(0, 10, 64).astype(np.int32)}
+
+
+def _traced_step(plan, feeds, microbatches, worker, tmp_path):
+    """A pipelined (1F1B) step's gradients after a warm-up step, and the names of the spans
+    `worker`'s executor ran in it, in order."""
+    from graphflow.trace import read, recording
+    from graphflow.trace.chrome import events
+
+    with gf.Cluster(plan, microbatches=microbatches, schedule="1f1b", timeout=60) as cluster:
+        cluster.gradients(feeds)
+        with recording(tmp_path / "step.json"):
+            out = cluster.gradients(feeds)
+    return out, [e.name for e in events(read(tmp_path / "step.json"))
+                 if e.process == worker and e.thread == "executor"]
 
 
 def _light_first_stage(heavy_layers=1):

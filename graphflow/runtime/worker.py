@@ -101,9 +101,13 @@ class Worker:
         backward = {n for n in self.order if pipeline.is_backward(n)}
         weights = pipeline.deferred_weight_nodes(self.order, self.users,
                                                  {graph[g] for g in self.grads.values()})
+        late = set(pipeline.late_nodes(self.order, self.users))
         self.phases = {"FB": self.order,
                        "B": [n for n in self.order if n in backward and n not in weights],
-                       "F": [n for n in self.order if n not in backward]}
+                       "F": [n for n in self.order if n not in backward and n not in late],
+                       "L": [n for n in self.order if n in late]}
+        self.l_inputs = list(dict.fromkeys(x for n in self.phases["L"] for x in n.inputs
+                                           if x not in late))
         self.early_weights = pipeline.runs_weights_early(self.order)
         self.b_recvs = [n.attrs["key"] for n in self.phases["B"] if n.op == "recv"]
         # values of the F and B phases the deferred W phase reads, joined over micro-batches
@@ -164,6 +168,7 @@ class Worker:
         backlog = Backlog(self.w_groups, self.w_inputs)  # micro-batches whose W waits
         last_forward = max((i for i, (phase, _) in enumerate(tasks) if phase == "F"), default=-1)
         w_tag = step * microbatches  # (W nodes receive nothing: any tag of the step)
+        late: list[tuple[int, _Run]] = []  # micro-batches whose L phase waits for the W task
         for i, (phase, mb) in enumerate(tasks):
             tag = step * microbatches + mb
             # The W phase runs at the end. A stage whose backward feeds no other stage (the
@@ -171,6 +176,11 @@ class Worker:
             # done so far, while the next backward's gradient is still on its way: its wait is
             # filled, no one else's grows (zero-bubble pipelines put W in the bubbles alike).
             if phase == "W":
+                for k, r in late:  # the values only fetched (a loss), off the pipeline's path
+                    self._dataflow(self.phases["L"], r, {}, keep, step * microbatches + k,
+                                   check_numerics)
+                    self._collect(r, keep & {n.name for n in self.phases["L"]}, got, sums,
+                                  copy=False)
                 for group in backlog.waiting():
                     self._weight_group(backlog, group, keep, got, sums, w_tag, check_numerics,
                                        tails)
@@ -188,6 +198,9 @@ class Worker:
                 self._collect(run, keep, got, sums, copy=microbatches > 1)
                 if phase == "B":
                     backlog.add([run.values[x] for x in self.w_inputs])
+                    if self.phases["L"]:
+                        late.append((mb, _Run({x: run.values[x] for x in self.l_inputs},
+                                              {n: len(self.users[n]) for n in self.order})))
                 del runs[mb]
         del backlog, run  # received tensors: over inproc, a peer's send waits until they go
         t0 = clock()
@@ -336,6 +349,8 @@ class Worker:
         if n.op == "parameter":
             return self.params[n.name]
         if n.op == "constant":
+            if run.seed_scale != 1.0 and is_seed(n):  # a micro-batch of other than average rows
+                return n.attrs["value"] * np.asarray(run.seed_scale, n.attrs["value"].dtype)
             return n.attrs["value"]
         if n.op == "placeholder":
             if n.name not in feeds:
@@ -344,9 +359,6 @@ class Worker:
         inputs = [run.values[x] for x in n.inputs]
         if n in run.into:
             return accumulate_kernel(n, inputs, run.into[n], check_numerics)
-        if run.seed_scale != 1.0 and is_seed(n):  # a micro-batch of other than average rows
-            one = run_kernel(n, inputs, check_numerics)
-            return one * np.asarray(run.seed_scale, one.dtype)
         if n.op == "send":
             # a parameter (updated in place), a gradient summed in place or a view (of what,
             # it does not say) is tracked; any other value is never written again, and
