@@ -50,6 +50,7 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
     side_by_side = contention if plan.parts > 1 else 1.0
     work = {phase: [0.0] * plan.parts for phase in "FB"}
     update = [0.0] * plan.parts
+    late_work = [0.0] * plan.parts  # fetch-only nodes, run before the update (compute, not memory)
     groups = weight_groups_by_worker(plan)
     group_of = {name: (w, i) for w, gs in groups.items() for i, g in enumerate(gs) for name in g}
     w_work = [[0.0] * len(groups[w]) for w in range(plan.parts)]  # per worker and W group
@@ -59,7 +60,7 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
     for n in plan.graph.nodes:
         w = plan.placement[n.name]
         if n in late:  # run at the end, over each micro-batch (a fetched loss)
-            update[w] += side_by_side * microbatches * cm.node_seconds(n, mb)
+            late_work[w] += side_by_side * microbatches * cm.node_seconds(n, mb)
         elif n.op == "parameter":  # (an early W leaves the last micro-batches' part apart)
             tail = w in early and plan.grads.get(n.name) in group_of
             update[w] += cm.update_seconds(n, parts=2 if tail else 1)
@@ -74,7 +75,9 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
     for t in plan.transfers:  # a micro-batch's tensors between neighbouring stages
         lo = min(t.src, t.dst)
         hops[lo] = max(hops[lo], link.seconds(t.nbytes(mb)))
-    ends = simulate(schedule, microbatches, work["F"], work["B"], w_work, hops)
+    ends = [end + late for end, late in zip(
+        simulate(schedule, microbatches, work["F"], work["B"], w_work, hops), late_work,
+        strict=True)]
     if contention > 1.0:  # the stages share one machine's memory
         update = cm.concurrent_updates(ends, update)
     return dispatch + max(end + u for end, u in zip(ends, update, strict=True))

@@ -108,6 +108,7 @@ class Worker:
                        "L": [n for n in self.order if n in late]}
         self.l_inputs = list(dict.fromkeys(x for n in self.phases["L"] for x in n.inputs
                                            if x not in late))
+        self.l_names = {n.name for n in late}
         self.early_weights = pipeline.runs_weights_early(self.order)
         self.b_recvs = [n.attrs["key"] for n in self.phases["B"] if n.op == "recv"]
         # values of the F and B phases the deferred W phase reads, joined over micro-batches
@@ -179,8 +180,7 @@ class Worker:
                 for k, r in late:  # the values only fetched (a loss), off the pipeline's path
                     self._dataflow(self.phases["L"], r, {}, keep, step * microbatches + k,
                                    check_numerics)
-                    self._collect(r, keep & {n.name for n in self.phases["L"]}, got, sums,
-                                  copy=False)
+                    self._collect(r, keep & self.l_names, got, sums, copy=False)
                 for group in backlog.waiting():
                     self._weight_group(backlog, group, keep, got, sums, w_tag, check_numerics,
                                        tails)
