@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from graphflow.errors import GraphError
+from graphflow.ops import aligned
 
 Initializer = Callable[[np.random.Generator, tuple[int, ...], dict[str, Any]], np.ndarray]
 
@@ -64,14 +65,14 @@ def initial_value(name: str, attrs: dict[str, Any], graph_seed: int) -> np.ndarr
     if "block" in attrs:
         spec = attrs["block"]
         whole = initial_value(spec["of"], spec["attrs"], graph_seed)
-        return np.ascontiguousarray(block_of(whole, spec))
+        return aligned.copy(block_of(whole, spec))
     init = attrs.get("init", "glorot_uniform")
     if init not in INITIALIZERS:
         raise GraphError(f"parameter '{name}': unknown initializer '{init}', known: "
                          f"{', '.join(INITIALIZERS)}")
     seed = (zlib.crc32(name.encode()) + 1_000_003 * graph_seed) % 2**32
     value = INITIALIZERS[init](np.random.default_rng(seed), tuple(attrs["shape"]), attrs)
-    return np.ascontiguousarray(value, dtype=attrs["dtype"])
+    return aligned.copy(np.asarray(value, dtype=attrs["dtype"]))
 
 
 def block_of(whole: np.ndarray, spec: dict[str, Any]) -> np.ndarray:

@@ -19,6 +19,8 @@ from abc import ABC, abstractmethod
 import numpy as np
 from numba import njit
 
+from graphflow.ops import aligned
+
 
 @njit(cache=True, nogil=True, inline="always")
 def _element(g: np.ndarray, h: np.ndarray, i: int) -> float:
@@ -84,7 +86,7 @@ class Optimizer(ABC):
                     param.dtype.type(scale))
 
     def _initial_slot(self, param: np.ndarray) -> np.ndarray:
-        return np.zeros_like(param)
+        return aligned.full(param.shape, 0, param.dtype)
 
     @abstractmethod
     def _apply(self, p: np.ndarray, g: np.ndarray, h: np.ndarray, state: dict[str, np.ndarray],
@@ -137,7 +139,7 @@ class Adagrad(Optimizer):
         self.initial_accumulator = initial_accumulator
 
     def _initial_slot(self, param: np.ndarray) -> np.ndarray:
-        return np.full_like(param, self.initial_accumulator)
+        return aligned.full(param.shape, self.initial_accumulator, param.dtype)
 
     def _apply(self, p: np.ndarray, g: np.ndarray, h: np.ndarray, state: dict[str, np.ndarray],
                scale: float) -> None:

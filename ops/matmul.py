@@ -17,6 +17,7 @@ from numba import njit
 
 from graphflow.errors import ShapeError
 from graphflow.ir import Node
+from graphflow.ops import aligned
 from graphflow.ops.blas import NT, TR, gemm
 from graphflow.ops.lane_gemm import matmul_nt_lanes
 from graphflow.ops.lane_gemm import wins as lane_wins
@@ -97,7 +98,7 @@ def _forward(ins: Sequence[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     ta, tb = bool(attrs.get("transpose_a", False)), bool(attrs.get("transpose_b", False))
     m = a.shape[1] if ta else a.shape[0]
     n = b.shape[0] if tb else b.shape[1]
-    return matmul_into(a, b, np.empty((m, n), a.dtype), ta, tb)
+    return matmul_into(a, b, aligned.empty((m, n), a.dtype), ta, tb)
 
 
 def _accumulate(ins: Sequence[np.ndarray], attrs: dict[str, Any], out: np.ndarray) -> None:

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import numpy as np
 from numba import njit
 
+from graphflow.ops import aligned
 from graphflow.ops.simd import LANES, vload, vstore4
 from graphflow.ops.small_gemm import BLOCK_ROWS, CHUNK_COLS, PANEL, _nn_row1, _nn_rows4
 
@@ -89,7 +90,7 @@ class PackedWeights:
     """
 
     def __init__(self, weights: dict[str, np.ndarray]) -> None:
-        self._buffers = {name: np.empty(_packed_size(w), np.float32)
+        self._buffers = {name: aligned.empty(_packed_size(w), np.float32)
                          for name, w in weights.items()}
         self._chunks = {name: _chunks(w) for name, w in weights.items()}  # (shapes are fixed)
         self._weights: dict[int, str] = {}  # id of the step's array -> its name

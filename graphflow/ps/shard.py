@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from graphflow.errors import GraphflowError
+from graphflow.ops import aligned
 from graphflow.optim import Optimizer
 from graphflow.ps import checkpoint as ckpt
 from graphflow.ps.barrier import BspBarrier, BspStep
@@ -115,7 +116,7 @@ class Shard(VectorOps, BspBarrier):
                         self.index, built.spec(), self.optimizer.spec())
         added = [k for k in values if k not in self.params]
         for key in added:
-            self.params[key] = np.array(values[key], dtype=np.float32).reshape(-1)
+            self.params[key] = aligned.copy(np.asarray(values[key], np.float32).reshape(-1))
             self.versions[key] = 0
         for r in replicas:
             if r not in self.replicas:

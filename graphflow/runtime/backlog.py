@@ -27,6 +27,7 @@ import networkx as nx
 import numpy as np
 
 from graphflow.ir import Node
+from graphflow.ops import aligned
 from graphflow.runtime.pipeline import batch_axis
 
 
@@ -59,7 +60,7 @@ class Backlog:
             parts = [e[i] for e in self.entries[start:] if e is not None]
             axis = batch_axis(self.inputs[i])
             out[self.inputs[i]] = (parts[0] if axis is None or len(parts) == 1
-                                   else np.concatenate(parts, axis=axis))
+                                   else aligned.concatenate(parts, axis))
         done = min(self.next)
         for k in range(done):  # every group took these: free them
             self.entries[k] = None

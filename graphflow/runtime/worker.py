@@ -22,7 +22,7 @@ from graphflow.errors import located
 from graphflow.executor import accumulate_kernel, checked_value, run_kernel
 from graphflow.init import initial_value
 from graphflow.ir import Graph, Node, steps_to_send, users_of
-from graphflow.ops import packed_gemm, small_gemm
+from graphflow.ops import aligned, packed_gemm, small_gemm
 from graphflow.ops.registry import REGISTRY
 from graphflow.optim import OPTIMIZERS, Optimizer
 from graphflow.runtime import pipeline
@@ -56,7 +56,7 @@ def _split_batch(name: str, value: np.ndarray, parts: int) -> list[np.ndarray]:
 
 def _owned(a: np.ndarray) -> bool:
     """Whether `a` may be written in place (received arrays and views may not)."""
-    return bool(a.flags.owndata and a.flags.writeable)
+    return aligned.owns_data(a) and bool(a.flags.writeable)
 
 
 def _combine(name: str, values: list[np.ndarray], rows: list[int]) -> np.ndarray:
@@ -365,7 +365,7 @@ class Worker:
             # tracking a zero-copy send costs CPU
             source = n.inputs[0]
             track = (source.op == "parameter" or source.name in self.grad_nodes
-                     or not inputs[0].flags.owndata)
+                     or not aligned.owns_data(inputs[0]))
             self.mail.post(worker_name(n.attrs["dst"]), n.attrs["key"], inputs[0], step, track)
             return inputs[0]
         return run_kernel(n, inputs, check_numerics)

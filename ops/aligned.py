@@ -1,0 +1,72 @@
+"""Arrays that start on a cache line, for the large operands the vector kernels stream.
+
+glibc's malloc (under numpy) starts a block 16 bytes past a 64-byte line in three cases of
+four, and where it falls depends on what the process allocated before. A kernel loading
+64-byte vectors from a misaligned weight splits every load over two lines: the forward gemm
+against speech-mlp's 2560 x 8192 weight ran 10.3-10.9 ms at 32 rows against 8.2-8.8 aligned,
+and worker processes of one plan differed from one start to the next by where their weights
+happened to land.
+
+An aligned array is a view of a slightly larger buffer, so `flags.owndata` is False for it;
+`owns_data` answers for both kinds (views of it, like any view, do not own their data).
+
+    >>> a = empty((256, 256), np.float32)
+    >>> a.ctypes.data % LINE, a.shape, a.flags.owndata, owns_data(a), owns_data(a[1:])
+    (0, (256, 256), False, True, False)
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+
+LINE = 64  # bytes: a cache line, and one 16-lane float32 vector (ops/simd.py)
+MIN_BYTES = 64 * 1024  # smaller arrays stay numpy's: they live in cache, and views cost more
+
+_owners: dict[int, weakref.ref[np.ndarray]] = {}  # id -> the aligned array (while it lives)
+
+
+def empty(shape: Any, dtype: Any = np.float32) -> np.ndarray:
+    """An uninitialised C-contiguous array starting on a cache line (from MIN_BYTES up)."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes < MIN_BYTES:
+        return np.empty(shape, dtype)
+    raw = np.empty(nbytes + LINE, np.uint8)
+    start = -raw.ctypes.data % LINE
+    a = raw[start:start + nbytes].view(dtype).reshape(shape)
+    key = id(a)
+    _owners[key] = weakref.ref(a, lambda _, key=key: _owners.pop(key, None))
+    return a
+
+
+def full(shape: Any, value: Any, dtype: Any = np.float32) -> np.ndarray:
+    """`empty`, filled with `value`."""
+    a = empty(shape, dtype)
+    a.fill(value)
+    return a
+
+
+def copy(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of `a` that starts on a cache line."""
+    out = empty(a.shape, a.dtype)
+    np.copyto(out, a)
+    return out
+
+
+def concatenate(parts: list[np.ndarray], axis: int) -> np.ndarray:
+    """`np.concatenate(parts, axis)` into an array that starts on a cache line."""
+    shape = list(parts[0].shape)
+    shape[axis] = sum(p.shape[axis] for p in parts)
+    return np.concatenate(parts, axis=axis, out=empty(shape, parts[0].dtype))
+
+
+def owns_data(a: np.ndarray) -> bool:
+    """Whether `a` owns its memory: numpy's own arrays and those `empty` made, not views."""
+    if a.flags.owndata:
+        return True
+    ref = _owners.get(id(a))
+    return ref is not None and ref() is a
