@@ -52,3 +52,22 @@ def test_a_notice_for_a_step_the_peer_has_not_begun_fails_that_step_when_it_begi
     with pytest.raises(PeerFailed, match="step 4 abandoned"):
         m1.begin(4)
     m1.begin(5)  # the next step is not
+
+
+def test_an_idle_receiver_sleeps_and_close_wakes_it():
+    # idle workers' periodic wake-ups slowed the busy workers pinned beside them: the receiver
+    # waits IDLE_WAIT at a time, and close interrupts that wait instead of sitting it out
+    from graphflow.runtime import mailbox as mailbox_module
+
+    n = next(_ids)
+    endpoint = Endpoint("worker:0", f"inproc://mailbox-idle-{n}", timeout=10.0)
+    waits = []
+    recv_any = endpoint.recv_any
+    endpoint.recv_any = lambda timeout=None: (waits.append(timeout), recv_any(timeout))[1]
+    box = Mailbox("worker:0", endpoint, 10.0)
+    time.sleep(0.6)
+    assert waits == [mailbox_module.IDLE_WAIT] and mailbox_module.IDLE_WAIT >= 1.0
+    t0 = time.monotonic()
+    box.close()
+    assert time.monotonic() - t0 < 1.0 < mailbox_module.IDLE_WAIT
+    assert not any(t.is_alive() for t in box._threads) and endpoint._pull.closed

@@ -310,3 +310,23 @@ def test_curve_allows_listed_clients_and_refuses_others():
         with pytest.raises(PeerTimeout):
             srv.recv("intruder", "bad", timeout=0.5)
     assert not endpoint_module._AUTH, "the authenticator stops with the last CURVE endpoint"
+
+
+def test_interrupt_ends_a_receivers_wait_and_later_tensors_still_come():
+    with Endpoint("w0", "inproc://interrupt-w0") as w0, \
+            Endpoint("w1", "inproc://interrupt-w1") as w1:
+        w0.connect("w1", w1.address)
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(w1.recv_any(30.0)))
+        t0 = time.monotonic()
+        waiter.start()
+        time.sleep(0.2)
+        w1.interrupt()
+        waiter.join(5.0)
+        assert not waiter.is_alive() and got == [None] and time.monotonic() - t0 < 5.0
+        w1.interrupt()  # wake-ups pile up without blocking the caller, and end one wait
+        w1.interrupt()
+        assert w1.recv_any(5.0) is None
+        w0.send("w1", "act", np.arange(3.0), step=2)
+        meta, x = w1.recv_any(5.0)
+        assert meta["key"] == "act" and x.tolist() == [0.0, 1.0, 2.0]

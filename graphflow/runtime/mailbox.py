@@ -23,7 +23,7 @@ from graphflow.ir import Node
 from graphflow.trace.recorder import RECV, SEND, Recorder, clock
 from graphflow.transport.endpoint import Endpoint, PeerTimeout
 
-POLL = 0.05  # seconds the helper threads wait before checking for shutdown
+IDLE_WAIT = 5.0  # s the receiver waits for a tensor before it looks again (close wakes it)
 ABORT = "!abort"  # the key of a failed peer's notice (no node's key: those are node names)
 Arrival = tuple[dict[str, Any], np.ndarray]  # (header: key, src, step, ...; the tensor)
 
@@ -135,9 +135,10 @@ class Mailbox:
 
     def close(self) -> None:
         self._stop.set()
+        self.endpoint.interrupt()
         self._outbox.put(None)
         for t in self._threads:  # a send in flight ends within `timeout`
-            t.join(timeout=self.timeout + 2 * POLL + 1)
+            t.join(timeout=self.timeout + IDLE_WAIT + 1)
         if not any(t.is_alive() for t in self._threads):  # never close a socket in use
             self.endpoint.close()
 
@@ -163,7 +164,7 @@ class Mailbox:
     def _receive_loop(self) -> None:
         while not self._stop.is_set():
             try:
-                got = self.endpoint.recv_any(POLL)
+                got = self.endpoint.recv_any(IDLE_WAIT)
             except GraphflowError:  # a bad frame: dropped, the step times out naming the key
                 continue
             if got is not None:

@@ -12,13 +12,16 @@ Large arrays go out zero-copy; every receive has a timeout; a peer that does not
 
 Threads: zmq sockets are not thread-safe. `connect` and `send` belong to one sending thread
 (or any thread before that one starts); `recv_any` and `recv` to one receiving thread; `close`
-runs after both have stopped. The two threads never touch the same socket.
+runs after both have stopped. The two threads never touch the same socket. `interrupt`, from
+any other thread, ends the receiving thread's wait in `recv_any` (so it can stop without
+waking up every so often to look: idle workers' wake-ups slowed the busy ones beside them).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import defaultdict, deque
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -138,9 +141,19 @@ class Endpoint:
         self._push: dict[str, zmq.Socket] = {}
         self._stash: defaultdict[str, deque[tuple[dict[str, Any], np.ndarray]]] = \
             defaultdict(deque)
-        self._stashed, self._rcvtimeo = 0, -1
+        self._stashed = 0
         self._domain = ""
+        # a pair of inproc sockets: `interrupt` sends on one, a waiting receiver polls the other
+        wake = f"inproc://graphflow-wake-{uuid.uuid4().hex}"
+        self._wake_rx, self._wake_tx = self._ctx.socket(zmq.PAIR), self._ctx.socket(zmq.PAIR)
+        self._wake_rx.linger = self._wake_tx.linger = 0
+        self._wake_rx.bind(wake)
+        self._wake_tx.connect(wake)
+        self._wake_lock = threading.Lock()
         self._pull = tune(self._ctx.socket(zmq.PULL), hwm, self._linger_ms)
+        self._poller = zmq.Poller()
+        self._poller.register(self._pull, zmq.POLLIN)
+        self._poller.register(self._wake_rx, zmq.POLLIN)
         self._pull.maxmsgsize = max_msg_size
         try:
             if curve is not None:
@@ -229,7 +242,8 @@ class Endpoint:
                               f"{sock.sndhwm} messages is full)", peer, key) from None
 
     def recv_any(self, timeout: float | None = None) -> tuple[dict[str, Any], np.ndarray] | None:
-        """The next tensor from any peer as (meta, array), or None after `timeout` seconds.
+        """The next tensor from any peer as (meta, array); None after `timeout` seconds, or
+        at once when another thread calls `interrupt`.
 
         meta is the header: key, src, dtype, shape, step. The array is read-only (it views the
         received message). Tensors stashed by `recv` come first. A malformed message is
@@ -243,14 +257,27 @@ class Endpoint:
             return item
         return self._recv_wire(self.timeout if timeout is None else timeout)
 
+    def interrupt(self) -> None:
+        """End the receiving thread's current (or next) wait in `recv_any`: it returns None."""
+        with self._wake_lock:
+            if not self._wake_tx.closed:
+                try:
+                    self._wake_tx.send(b"", zmq.NOBLOCK)
+                except zmq.Again:
+                    pass  # wake-ups are pending already
+
     def _recv_wire(self, timeout: float) -> tuple[dict[str, Any], np.ndarray] | None:
-        ms = max(0, int(timeout * 1000))
-        if ms != self._rcvtimeo:  # a blocking recv with RCVTIMEO: one call, GIL released
-            self._pull.rcvtimeo = self._rcvtimeo = ms
-        try:
-            frames = self._pull.recv_multipart(copy=False)
+        try:  # a message already here: one call
+            frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            return None
+            ready = dict(self._poller.poll(max(0, int(timeout * 1000))))  # (GIL released)
+            if self._wake_rx in ready:
+                while self._wake_rx.poll(0):  # every pending wake-up ends this one wait
+                    self._wake_rx.recv()
+                return None
+            if self._pull not in ready:
+                return None
+            frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
         if len(frames) != 2:
             raise FrameError(f"{self.name}: received a message of {len(frames)} frames, "
                              "expected 2 (header, buffer)")
@@ -310,6 +337,9 @@ class Endpoint:
         self._push.clear()
         if not self._pull.closed:
             self._pull.close()
+        with self._wake_lock:
+            for sock in (self._wake_rx, self._wake_tx):
+                sock.close()
         if self._domain:
             _disallow(self._ctx, self._domain)
             self._domain = ""
