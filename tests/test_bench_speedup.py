@@ -157,8 +157,8 @@ def test_quick_run_with_auto_micro_batches_says_which_it_chose(tmp_path, capsys)
     assert f"{piped['microbatches']} micro-batches (auto)" in capsys.readouterr().out
 
 
-def test_rounds_time_a_points_clusters_and_the_one_worker_pair_by_turns():
-    # clusters of one plan differ, so a point's time is not one cluster's: each has two
+def test_rounds_time_a_points_clusters_and_the_one_worker_clusters_by_turns():
+    # clusters of one plan differ, so a point's time is not one cluster's: each has three
     from argparse import Namespace
 
     from graphflow.bench.rounds import time_rounds
@@ -175,12 +175,15 @@ def test_rounds_time_a_points_clusters_and_the_one_worker_pair_by_turns():
                 calls.append(self.name)
                 yield {}
 
-    base, other, a, b = (Fake(n) for n in ("base", "other", "a", "b"))
+    ones = [Fake(n) for n in ("one1", "one2", "one3")]
+    a, b, c = (Fake(n) for n in "abc")
     points = [{"workload": "w", "times_s": []}]
-    with Progress(4, "w", enabled=False) as bar:
-        ceiling = time_rounds(base, other, {0: [a, b]}, points, {}, Namespace(steps=4, window=1),
+    with Progress(6, "w", enabled=False) as bar:
+        ceiling = time_rounds(ones, {0: [a, b, c]}, points, {}, Namespace(steps=6, window=1),
                               bar)
-    # a round: one 1-worker cluster alone, both at once (either order), the point
-    assert calls[0::4] == ["base", "other", "base", "other"]
-    assert calls[3::4] == ["a", "b", "a", "b"]
-    assert len(points[0]["times_s"]) == len(ceiling["alone_s"]) == 4
+    # a round: one 1-worker cluster alone, it and the next at once (either order), the point
+    assert calls[0::4] == ["one1", "one2", "one3"] * 2
+    pairs = [set(calls[k + 1:k + 3]) for k in range(0, len(calls), 4)]
+    assert pairs == [{"one1", "one2"}, {"one2", "one3"}, {"one3", "one1"}] * 2
+    assert calls[3::4] == ["a", "b", "c"] * 2
+    assert len(points[0]["times_s"]) == len(ceiling["alone_s"]) == 6

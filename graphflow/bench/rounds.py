@@ -24,22 +24,23 @@ TRIAL_WITHIN = 1.3  # counts predicted more than 30% slower than the best one ar
 #                     (8 micro-batches: predicted 1.6-2.1x the best, measured 1.4-2.4x)
 
 
-def time_rounds(base: Cluster, other: Cluster, running: dict[int, list[Cluster]],
+def time_rounds(ones: Sequence[Cluster], running: dict[int, list[Cluster]],
                 points: list[dict[str, Any]], feeds: dict[str, np.ndarray],
                 args: argparse.Namespace, bar: Progress,
                 between: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    """`args.steps` rounds, each: `args.window` steps of a 1-worker cluster alone (`base` and
-    `other` by turns), as many of `base` and of the independent 1-worker `other` at once (the
-    ceiling), as many of every running point, then `between` (the cost model's kernels timed
-    again). A neighbour's burst so spreads over all points instead of spoiling one. A point
-    with several clusters times one a round, by turns. Times are per step."""
+    """`args.steps` rounds, each: `args.window` steps of a 1-worker cluster alone, as many of
+    two independent 1-worker clusters at once (the ceiling), as many of every running point,
+    then `between` (the cost model's kernels timed again). A neighbour's burst so spreads over
+    all points instead of spoiling one. The 1-worker clusters (two or more) take those turns
+    in rotation, as a point with several clusters times one a round. Times are per step."""
     alone, both = [], []
     window = args.window
     with ThreadPoolExecutor(2) as pool:
         for r in range(args.steps):
-            alone.append(timed((base, other)[r % 2], feeds, window))
+            alone.append(timed(ones[r % len(ones)], feeds, window))
+            pair = (ones[r % len(ones)], ones[(r + 1) % len(ones)])
             t0 = time.perf_counter()
-            list(pool.map(lambda c: timed(c, feeds, window), (base, other)))
+            list(pool.map(lambda c: timed(c, feeds, window), pair))
             both.append((time.perf_counter() - t0) / window)
             for i, clusters in list(running.items()):
                 try:

@@ -8,9 +8,11 @@ over one alone (the best a 2-worker speedup can be here and now).
 
 Every cluster of a workload is started first, then timed in rounds (a few steps of each per
 round, streamed as training runs them: `Cluster.stream`), so a busy neighbour slows all alike;
-each point has two clusters of its own, timed in alternate rounds, and the 1-worker time
-alternates between two alike (freshly started clusters of one plan differ: one in five or six
-ran 8-30% slower for as long as we timed it);
+each point has three clusters of its own, timed a round each by turns, and the 1-worker time
+rotates over three alike. Freshly started clusters of one plan differ: one in five to eight ran
+8-30% slower for as long as we timed it, its compute thread spending that much more CPU time
+on the same kernels. With two clusters a point, one slow one moved the median half way; of
+three, a slow one has at most 3 of the 8 rounds, and the median is the others'.
 speedup = median 1-worker step / median step, and "paired" is the median over rounds of the
 round's 1-worker step over the point's step (steadier when the machine's speed drifts between
 rounds). The cost model's kernels are timed again after every round and predictions use their
@@ -19,7 +21,7 @@ the rounds, missed by 30-40% when it did. A pipelined prediction
 runs the schedule through `graphflow.runtime.pipeline.simulate` with the cost model's per-stage
 forward, backward and weight-gradient times. By default the pipelined row runs the
 micro-batch count (of 2, 3, 4 and 8, those predicted within 30% of the best) that was fastest
-in a short trial of each before the rounds, on two clusters a count;
+in a short trial of each before the rounds, on three clusters a count;
 the predictions of every count are in the JSON beside the trial's times.
 """
 
@@ -112,10 +114,10 @@ def parser() -> argparse.ArgumentParser:
                         "waits for the whole pipeline, once per stretch, where training pays "
                         "it once per run)")
     p.add_argument("--clusters", type=count, default=None,
-                   help="clusters started per point, timed a round each by turns (2: freshly "
-                        "started clusters of one plan differ, one in five or six by 8-30%% "
-                        "for as long as we timed it; the 1-worker time alternates between "
-                        "the ceiling's two clusters alike)")
+                   help="clusters started per point, timed a round each by turns (3: freshly "
+                        "started clusters of one plan differ, one in five to eight by 8-30%% "
+                        "for as long as we timed it, so the median is of the other two; the "
+                        "1-worker time and the ceiling's pair rotate over as many, at least 2)")
     p.add_argument("--warmup", type=non_negative, default=None, help="untimed steps per point (2)")
     p.add_argument("--batch", type=count, default=None, help="mini-batch size (64)")
     p.add_argument("--mode", choices=("processes", "threads"), default="processes",
@@ -143,7 +145,7 @@ def parser() -> argparse.ArgumentParser:
 def _settle(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     """Fill the defaults that --quick changes and check the numbers."""
     for key, quick, full in (("steps", 1, 8), ("window", 2, 16), ("warmup", 1, 2),
-                             ("batch", 8, 64), ("microbatches", 2, "auto"), ("clusters", 1, 2)):
+                             ("batch", 8, 64), ("microbatches", 2, "auto"), ("clusters", 1, 3)):
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
     args.machines = MACHINES[:3] if args.quick else MACHINES
@@ -226,8 +228,8 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
               for (label, _, mb), n in todo]
     with ExitStack() as stack, Progress(len(todo) + args.steps, model.name,
                                         enabled=not args.no_progress) as bar:
-        base, other = (stack.enter_context(start_cluster(plan1, args, 1, feeds, f"P=1 ({x})"))
-                       for x in "ab")
+        ones = [stack.enter_context(start_cluster(plan1, args, 1, feeds, f"P=1 ({k + 1})"))
+                for k in range(max(2, args.clusters))]
         running: dict[int, list[Cluster]] = {}
         for i, ((label, strategy, mb), n) in enumerate(todo):
             bar.label = f"{model.name} started {label} P={n}"
@@ -267,7 +269,7 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
                 for sig, seconds in time_nodes(nodes, b, repeats=1).items():
                     samples.setdefault(sig, []).append(seconds)
 
-        ceiling = time_rounds(base, other, running, points, feeds, args, bar, retime)
+        ceiling = time_rounds(ones, running, points, feeds, args, bar, retime)
     cost.use_times(samples)
     cost.save()  # (graphflow show and later runs start from these)
     # workers on this machine share its memory and caches: how much slower a step runs beside
