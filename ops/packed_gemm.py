@@ -4,7 +4,9 @@
 a whole row of w apart: from memory that pattern feeds 105-140 GFLOP/s. Packed in the order the
 kernel visits it (each panel's rows one after another), w streams front to back, and with the
 panel two ahead asked for, the same kernel runs at 220-245 GFLOP/s at 16-64 rows against a
-2560 x 8192 weight (6.5 -> 3.0 ms at 16 rows, 19.1 -> 10.9 at 64; one core).
+2560 x 8192 weight (6.5 -> 3.0 ms at 16 rows, 19.1 -> 10.9 at 64; one core). Those unpacked
+times were with w 16-48 bytes off a cache line, as malloc left most weights; with weights
+aligned (ops/aligned.py) a later run measured 5.1 -> 3.4 and 16.8 -> 11.3 ms.
 
 Packing is a pass over w (5.2-5.9 ms for those 84 MB), paid after every update, so a worker
 packs only while it would wait anyway (runtime/worker.py): a later pipeline stage waits for the
