@@ -277,7 +277,10 @@ class Endpoint:
                 return None
             if self._pull not in ready:
                 return None
-            frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
+            try:
+                frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:  # (readable, then not: what a poll promises is only likely)
+                return None
         if len(frames) != 2:
             raise FrameError(f"{self.name}: received a message of {len(frames)} frames, "
                              "expected 2 (header, buffer)")
