@@ -187,3 +187,33 @@ def test_rounds_time_a_points_clusters_and_the_one_worker_clusters_by_turns():
     assert pairs == [{"one1", "one2"}, {"one2", "one3"}, {"one3", "one1"}] * 2
     assert calls[3::4] == ["a", "b", "c"] * 2
     assert len(points[0]["times_s"]) == len(ceiling["alone_s"]) == 6
+
+
+def test_memory_to_spare_reads_meminfo(tmp_path, monkeypatch):
+    import graphflow.bench as bench
+
+    real = bench.Path
+    info = tmp_path / "meminfo"
+    monkeypatch.setattr(bench, "Path", lambda p: info if p == "/proc/meminfo" else real(p))
+    info.write_text("MemTotal:       24000000 kB\nMemFree: 1 kB\nMemAvailable:    7000000 kB\n")
+    assert bench.memory_to_spare()  # 29% free
+    info.write_text("MemTotal:       24000000 kB\nMemAvailable:    5000000 kB\n")
+    assert not bench.memory_to_spare()  # 21%
+    info.write_text("MemTotal: 24000000 kB\n")  # no MemAvailable (an old kernel): no limit
+    assert bench.memory_to_spare()
+
+
+def test_a_point_starts_its_extra_clusters_only_with_memory_to_spare(tmp_path, monkeypatch):
+    from graphflow.bench import rounds
+
+    monkeypatch.setattr(speedup, "memory_to_spare", lambda: False)
+    monkeypatch.setattr(rounds, "memory_to_spare", lambda: False)
+    out_json = tmp_path / "speedup.json"
+    code = speedup.main(["--quick", "--workloads", "digits-lc", "--mode", "threads",
+                         "--strategies", "spatial,layerwise", "--microbatches", "auto",
+                         "--clusters", "3", "--no-progress", "--json", str(out_json),
+                         "--png", str(tmp_path / "s.png")])
+    assert code == 0
+    points = json.loads(out_json.read_text())["workloads"]["digits-lc"]["points"]
+    started = {p["strategy"]: p.get("clusters") for p in points if p["workers"] == 2}
+    assert started == {"spatial": 1, "layerwise": 1, "layerwise+eager": 1}

@@ -82,6 +82,18 @@ def machine_info() -> dict[str, Any]:
             "threads": {v: os.environ.get(v) for v in BLAS_THREAD_VARS}}
 
 
+def memory_to_spare(reserve: float = 0.25) -> bool:
+    """Whether more than `reserve` of this machine's memory is available (Linux's MemAvailable;
+    True where it cannot be read): a benchmark starts a point's extra clusters only then (the
+    speedup bench's speech-mlp clusters took 16 GB at once with three a point)."""
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        total, available = (int(info[k].split()[0]) for k in ("MemTotal", "MemAvailable"))
+    except (OSError, KeyError, ValueError):
+        return True
+    return available > reserve * total
+
+
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]],
                  left: Collection[str] = ()) -> str:
     """Rows as an aligned text table; `columns` is (key, header) pairs; None prints as '-'.

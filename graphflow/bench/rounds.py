@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from graphflow.bench import memory_to_spare
 from graphflow.partitioners import Plan
 from graphflow.progress import Progress
 from graphflow.runtime.cluster import Cluster
@@ -95,6 +96,8 @@ def fastest_microbatches(plan: Plan, args: argparse.Namespace, counts: Sequence[
         for m in counts:
             clusters[m] = []
             for k in range(args.clusters):
+                if k and not memory_to_spare():
+                    break
                 name = f"{label} trial {m}" + (f" ({k + 1})" if k else "")
                 clusters[m].append(start_cluster(plan, args, m, feeds, name))
         times: dict[int, list[float]] = {m: [] for m in counts}

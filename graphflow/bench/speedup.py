@@ -43,6 +43,7 @@ from graphflow.bench import (
     csv_choices,
     format_table,
     machine_info,
+    memory_to_spare,
     single_threaded,
 )
 from graphflow.bench.rounds import (
@@ -117,7 +118,9 @@ def parser() -> argparse.ArgumentParser:
                    help="clusters started per point, timed a round each by turns (3: freshly "
                         "started clusters of one plan differ, one in five to eight by 8-30%% "
                         "for as long as we timed it, so the median is of the other two; the "
-                        "1-worker time and the ceiling's pair rotate over as many, at least 2)")
+                        "1-worker time and the ceiling's pair rotate over as many, at least 2; "
+                        "a point's second and later start only while a quarter of the "
+                        "memory is free)")
     p.add_argument("--warmup", type=non_negative, default=None, help="untimed steps per point (2)")
     p.add_argument("--batch", type=count, default=None, help="mini-batch size (64)")
     p.add_argument("--mode", choices=("processes", "threads"), default="processes",
@@ -254,10 +257,13 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
                     CostModel.calibrate(plan.graph, b, args.repeats)  # (new kernel shapes)
                     retimed.setdefault(b, {}).update(kernels(plan.graph, b))
                 for k in range(len(clusters), args.clusters):  # (see --clusters)
+                    if k and not memory_to_spare():
+                        break
                     name = f"{label} P={n}" + (f" ({k + 1})" if k else "")
                     clusters.append(stack.enter_context(
                         start_cluster(plan, args, mb, feeds, name)))
                 running[i] = clusters
+                points[i]["clusters"] = len(clusters)
             except Exception as e:  # noqa: BLE001 - one failed point is reported
                 points[i]["error"] = f"{type(e).__name__}: {e}"
             bar.update()
