@@ -232,7 +232,7 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
     with ExitStack() as stack, Progress(len(todo) + args.steps, model.name,
                                         enabled=not args.no_progress) as bar:
         ones = [stack.enter_context(start_cluster(plan1, args, 1, feeds, f"P=1 ({k + 1})"))
-                for k in range(max(2, args.clusters))]
+                for k in range(max(2, args.clusters)) if k < 2 or memory_to_spare()]
         running: dict[int, list[Cluster]] = {}
         for i, ((label, strategy, mb), n) in enumerate(todo):
             bar.label = f"{model.name} started {label} P={n}"
