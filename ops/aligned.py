@@ -4,8 +4,7 @@ glibc's malloc (under numpy) starts a block 16 bytes past a 64-byte line in thre
 four, and where it falls depends on what the process allocated before. A kernel loading
 64-byte vectors from a misaligned weight splits every load over two lines: the forward gemm
 against speech-mlp's 2560 x 8192 weight ran 10.3-10.9 ms at 32 rows against 8.2-8.8 aligned,
-and worker processes of one plan differed from one start to the next by where their weights
-happened to land.
+and where a weight landed differed from one worker process to the next.
 
 An aligned array is a view of a slightly larger buffer, so `flags.owndata` is False for it;
 `owns_data` answers for both kinds (views of it, like any view, do not own their data).
