@@ -72,7 +72,7 @@ def initial_value(name: str, attrs: dict[str, Any], graph_seed: int) -> np.ndarr
                          f"{', '.join(INITIALIZERS)}")
     seed = (zlib.crc32(name.encode()) + 1_000_003 * graph_seed) % 2**32
     value = INITIALIZERS[init](np.random.default_rng(seed), tuple(attrs["shape"]), attrs)
-    return aligned.copy(np.asarray(value, dtype=attrs["dtype"]))
+    return aligned.copy(value, attrs["dtype"])
 
 
 def block_of(whole: np.ndarray, spec: dict[str, Any]) -> np.ndarray:

@@ -29,7 +29,7 @@ _owners: dict[int, weakref.ref[np.ndarray]] = {}  # id -> the aligned array (whi
 
 def empty(shape: Any, dtype: Any = np.float32) -> np.ndarray:
     """An uninitialised C-contiguous array starting on a cache line (from MIN_BYTES up)."""
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    shape = tuple(int(d) for d in np.atleast_1d(shape))
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if nbytes < MIN_BYTES:
@@ -49,10 +49,10 @@ def full(shape: Any, value: Any, dtype: Any = np.float32) -> np.ndarray:
     return a
 
 
-def copy(a: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of `a` that starts on a cache line."""
-    out = empty(a.shape, a.dtype)
-    np.copyto(out, a)
+def copy(a: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """A C-contiguous copy of `a` (as `dtype`, if given) that starts on a cache line."""
+    out = empty(a.shape, a.dtype if dtype is None else dtype)
+    np.copyto(out, a, casting="same_kind")
     return out
 
 

@@ -206,7 +206,6 @@ def test_memory_to_spare_reads_meminfo(tmp_path, monkeypatch):
 def test_a_point_starts_its_extra_clusters_only_with_memory_to_spare(tmp_path, monkeypatch):
     from graphflow.bench import rounds
 
-    monkeypatch.setattr(speedup, "memory_to_spare", lambda: False)
     monkeypatch.setattr(rounds, "memory_to_spare", lambda: False)
     out_json = tmp_path / "speedup.json"
     code = speedup.main(["--quick", "--workloads", "digits-lc", "--mode", "threads",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import repeat
 from typing import Any
@@ -38,8 +38,8 @@ def time_rounds(ones: Sequence[Cluster], running: dict[int, list[Cluster]],
     window = args.window
     with ThreadPoolExecutor(2) as pool:
         for r in range(args.steps):
-            alone.append(timed(ones[r % len(ones)], feeds, window))
             pair = (ones[r % len(ones)], ones[(r + 1) % len(ones)])
+            alone.append(timed(pair[0], feeds, window))
             t0 = time.perf_counter()
             list(pool.map(lambda c: timed(c, feeds, window), pair))
             both.append((time.perf_counter() - t0) / window)
@@ -55,6 +55,15 @@ def time_rounds(ones: Sequence[Cluster], running: dict[int, list[Cluster]],
             bar.update(alone_ms=1e3 * alone[-1], both_ms=1e3 * both[-1])
     return {"alone_s": alone, "together_s": both,
             "ratio": 2 * statistics.median(alone) / statistics.median(both)}
+
+
+def affordable(start: int, stop: int, needed: int = 1) -> Iterator[int]:
+    """start .. stop - 1, the clusters to start: past the first `needed`, only while a quarter
+    of the memory is free (`memory_to_spare`)."""
+    for k in range(start, stop):
+        if k >= needed and not memory_to_spare():
+            return
+        yield k
 
 
 def start_cluster(plan: Plan, args: argparse.Namespace, microbatches: int,
@@ -95,9 +104,7 @@ def fastest_microbatches(plan: Plan, args: argparse.Namespace, counts: Sequence[
     try:
         for m in counts:
             clusters[m] = []
-            for k in range(args.clusters):
-                if k and not memory_to_spare():
-                    break
+            for k in affordable(0, args.clusters):
                 name = f"{label} trial {m}" + (f" ({k + 1})" if k else "")
                 clusters[m].append(start_cluster(plan, args, m, feeds, name))
         times: dict[int, list[float]] = {m: [] for m in counts}

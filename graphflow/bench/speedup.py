@@ -43,11 +43,11 @@ from graphflow.bench import (
     csv_choices,
     format_table,
     machine_info,
-    memory_to_spare,
     single_threaded,
 )
 from graphflow.bench.rounds import (
     TRIAL_WITHIN,
+    affordable,
     fastest_microbatches,
     start_cluster,
     time_rounds,
@@ -232,7 +232,7 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
     with ExitStack() as stack, Progress(len(todo) + args.steps, model.name,
                                         enabled=not args.no_progress) as bar:
         ones = [stack.enter_context(start_cluster(plan1, args, 1, feeds, f"P=1 ({k + 1})"))
-                for k in range(max(2, args.clusters)) if k < 2 or memory_to_spare()]
+                for k in affordable(0, max(2, args.clusters), needed=2)]
         running: dict[int, list[Cluster]] = {}
         for i, ((label, strategy, mb), n) in enumerate(todo):
             bar.label = f"{model.name} started {label} P={n}"
@@ -256,9 +256,7 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
                 for b in {largest_microbatch(args.batch, mb), args.batch}:
                     CostModel.calibrate(plan.graph, b, args.repeats)  # (new kernel shapes)
                     retimed.setdefault(b, {}).update(kernels(plan.graph, b))
-                for k in range(len(clusters), args.clusters):  # (see --clusters)
-                    if k and not memory_to_spare():
-                        break
+                for k in affordable(len(clusters), args.clusters):  # (see --clusters)
                     name = f"{label} P={n}" + (f" ({k + 1})" if k else "")
                     clusters.append(stack.enter_context(
                         start_cluster(plan, args, mb, feeds, name)))

@@ -116,7 +116,7 @@ class Shard(VectorOps, BspBarrier):
                         self.index, built.spec(), self.optimizer.spec())
         added = [k for k in values if k not in self.params]
         for key in added:
-            self.params[key] = aligned.copy(np.asarray(values[key], np.float32).reshape(-1))
+            self.params[key] = aligned.copy(np.asarray(values[key]).reshape(-1), np.float32)
             self.versions[key] = 0
         for r in replicas:
             if r not in self.replicas:
