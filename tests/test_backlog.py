@@ -11,7 +11,7 @@ import pytest
 import graphflow as gf
 from graphflow.ir import users_of
 from graphflow.partitioners import partition
-from graphflow.runtime.backlog import Backlog, weight_groups
+from graphflow.runtime.backlog import Backlog, early_updates, weight_groups
 from graphflow.runtime.pipeline import deferred_weight_nodes
 
 
@@ -63,6 +63,65 @@ def test_a_group_takes_only_the_micro_batches_it_has_not_taken():
     np.testing.assert_array_equal(bias[dy], np.concatenate([m[1] for m in mbs]))
     assert x not in bias  # only what the group reads
     assert backlog.entries == [None, None, None] and backlog.waiting() == []
+
+
+def test_a_weight_read_by_a_later_group_or_sent_is_updated_at_the_end():
+    with gf.Graph() as g:
+        x, dy = gf.placeholder("x", (None, 3)), gf.placeholder("dy", (None, 2))
+        w, v, u = (gf.parameter(name, (3, 2)) for name in "wvu")
+        dw = gf.matmul(x, dy, transpose_a=True, name="grad/w")
+        dv = gf.matmul(x, dy, transpose_a=True, name="grad/v")
+        du = gf.add(gf.matmul(x, dy, transpose_a=True), w, name="grad/u")  # reads w
+        g.insert("send", "send/v->w1", [v], {"key": "v", "src": 0, "dst": 1}, (), v.dtype,
+                 None, None)
+    grads = {"w": dw.name, "v": dv.name, "u": du.name}
+    groups = [[dw], [dv], [du.inputs[0], du]]
+    assert early_updates(groups, grads, g.toposort()) == [[], [], ["u"]]
+    assert early_updates(groups[::-1], grads, []) == [["u"], ["v"], ["w"]]
+
+
+def test_a_stage_updates_a_weight_as_soon_as_its_last_gradient_run_is_done(monkeypatch):
+    """In the W task each weight's update follows its gradient's last gemm, before the next
+    group's gemm (it streams memory while the other stage computes, not beside the other
+    stage's update); the parameters after a few steps are one process's."""
+    from graphflow.optim import SGD, Optimizer
+    from graphflow.runtime import worker
+
+    events = []
+    update, run_kernel = Optimizer.update, worker.run_kernel
+
+    def spy_update(self, name, param, grad, scale=1.0, also=None):
+        events.append(name)
+        update(self, name, param, grad, scale, also)
+
+    def spy_kernel(node, inputs, check_numerics=False):
+        events.append(node.name)
+        return run_kernel(node, inputs, check_numerics)
+
+    model = _light_first_stage(light_layers=2)
+    rng = np.random.default_rng(0)
+    batches = [{"x": rng.standard_normal((32, 16), dtype=np.float32),
+                "y": rng.integers(0, 10, 32).astype(np.int32)} for _ in range(3)]
+    trainer = gf.Trainer(model, SGD(0.05))
+    for b in batches:
+        trainer.step(b["x"], b["y"])
+    model = _light_first_stage(light_layers=2)
+    plan = partition(model.graph, 2, "manual", loss=model.loss)
+    monkeypatch.setattr(Optimizer, "update", spy_update)
+    monkeypatch.setattr(worker, "run_kernel", spy_kernel)
+    with gf.Cluster(plan, mode="threads", optimizer={"name": "sgd", "lr": 0.05},
+                    microbatches=2, timeout=60) as c:
+        for b in batches:
+            c.step(b)
+        got = plan.assemble(c.params())
+    fc2_gemm, fc1_gemm = plan.grads["fc2/W"], plan.grads["fc1/W"]
+    mine = [e for e in events if e.startswith(("fc", "grad/fc"))]  # (not worker 1's)
+    last = len(mine) - 1 - mine[::-1].index(fc2_gemm)  # the last step's W task
+    after = mine[last + 1:]
+    assert fc1_gemm in after, after  # an earlier layer's group runs after fc2's
+    assert after.index("fc2/W") < after.index(fc1_gemm), after
+    for name, want in trainer.session.params.items():
+        _assert_close(got[name], want, f"parameter {name} after 3 steps")
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "eager"])
@@ -202,13 +261,15 @@ def _traced_step(plan, feeds, microbatches, worker, tmp_path):
                  if e.process == worker and e.thread == "executor"]
 
 
-def _light_first_stage(heavy_layers=1):
+def _light_first_stage(heavy_layers=1, light_layers=1):
     """A 2-worker model whose first stage is light and second heavy: the first one's
     gradients come late."""
     with gf.Graph() as g:
         x = gf.placeholder("x", (None, 16))
         y = gf.placeholder("y", (None,), dtype="int32")
-        h = gf.sigmoid(gf.layers.dense(x, 32, name="fc1"))
+        h = x
+        for i in range(light_layers):
+            h = gf.sigmoid(gf.layers.dense(h, 32, name=f"fc{i + 1}"))
         with gf.device("worker:1"):
             for i in range(heavy_layers):
                 h = gf.sigmoid(gf.layers.dense(h, 1536, name=f"big{i + 1}"))

@@ -34,7 +34,7 @@ import numpy as np
 from graphflow.errors import GraphflowError
 from graphflow.ps.client import PSClient, PSError
 from graphflow.replicas.allreduce import AllReduce
-from graphflow.runtime.worker import Updater
+from graphflow.runtime.gradients import Updater
 from graphflow.trace.recorder import EXECUTOR, PS_FETCH, PS_PUSH, Recorder, clock
 
 log = logging.getLogger("graphflow.replicas")

@@ -77,3 +77,18 @@ def weight_groups(weights: list[Node]) -> list[list[Node]]:
     position = {n: i for i, n in enumerate(weights)}
     groups = [sorted(g, key=position.__getitem__) for g in nx.connected_components(linked)]
     return sorted(groups, key=lambda g: position[g[0]])
+
+
+def early_updates(groups: list[list[Node]], grads: dict[str, str],
+                  order: list[Node]) -> list[list[str]]:
+    """Per W group, the parameters its last run may update at once: their gradients are its
+    nodes, no later group reads them and this worker sends them nowhere (a zero-copy send of
+    a parameter may still be reading it)."""
+    sent = {n.inputs[0].name for n in order if n.op == "send"}
+    param_of = {g: p for p, g in grads.items()}
+    out = []
+    for i, group in enumerate(groups):
+        read_later = {x.name for g in groups[i + 1:] for n in g for x in n.inputs}
+        out.append([param_of[n.name] for n in group if n.name in param_of
+                    and param_of[n.name] not in read_later | sent])
+    return out

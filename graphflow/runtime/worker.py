@@ -13,7 +13,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +26,8 @@ from graphflow.ops import aligned, packed_gemm, small_gemm
 from graphflow.ops.registry import REGISTRY
 from graphflow.optim import OPTIMIZERS, Optimizer
 from graphflow.runtime import pipeline
-from graphflow.runtime.backlog import Backlog, weight_groups
+from graphflow.runtime.backlog import Backlog, early_updates, weight_groups
+from graphflow.runtime.gradients import GradientSums, Updater
 from graphflow.runtime.mailbox import Mailbox, StepFailed, worker_name
 from graphflow.trace.recorder import EXECUTOR, Recorder, clock
 from graphflow.transport.endpoint import Endpoint
@@ -54,11 +55,6 @@ def _split_batch(name: str, value: np.ndarray, parts: int) -> list[np.ndarray]:
     return np.split(value, np.cumsum(pipeline.microbatch_rows(len(value), parts))[:-1])
 
 
-def _owned(a: np.ndarray) -> bool:
-    """Whether `a` may be written in place (received arrays and views may not)."""
-    return aligned.owns_data(a) and bool(a.flags.writeable)
-
-
 def _combine(name: str, values: list[np.ndarray], rows: list[int]) -> np.ndarray:
     """A fetched value over micro-batches: scalars (mean losses) averaged, each weighted by
     its micro-batch's rows; tensors joined."""
@@ -67,14 +63,6 @@ def _combine(name: str, values: list[np.ndarray], rows: list[int]) -> np.ndarray
     if values[0].ndim == 0:
         return np.asarray(np.average(values, weights=rows), dtype=values[0].dtype)
     return np.concatenate(values)
-
-
-class Updater(Protocol):
-    """What a worker hands each parameter's gradient to: an Optimizer, or a link to the
-    parameter server (graphflow/replicas/link.py)."""
-
-    def update(self, name: str, param: np.ndarray, grad: np.ndarray, scale: float = 1.0,
-               also: np.ndarray | None = None) -> None: ...
 
 
 class Worker:
@@ -116,6 +104,7 @@ class Worker:
         self.w_inputs = list(dict.fromkeys(x for n in weights for x in n.inputs
                                            if x not in deferred))
         self.w_groups = weight_groups(weights)
+        self.w_updates = early_updates(self.w_groups, self.grads, self.order)
         # the weights of its forward gemms, packed while the worker waits (ops/packed_gemm.py)
         self.packed = packed_gemm.PackedWeights(
             {name: self.params[name] for name in _forward_weights(self.order)})
@@ -164,8 +153,8 @@ class Worker:
         keep = set(fetches) | set(self.grads.values())
         runs: dict[int, _Run] = {}
         got: dict[str, list[np.ndarray]] = {name: [] for name in keep}
-        sums: dict[str, np.ndarray] = {}  # gradients, summed in place over micro-batches
-        tails: dict[str, np.ndarray] = {}  # a gradient's last part, left out of its sum
+        sums = GradientSums(microbatches)
+        updater = self.optimizer if train else None
         backlog = Backlog(self.w_groups, self.w_inputs)  # micro-batches whose W waits
         last_forward = max((i for i, (phase, _) in enumerate(tasks) if phase == "F"), default=-1)
         w_tag = step * microbatches  # (W nodes receive nothing: any tag of the step)
@@ -183,7 +172,10 @@ class Worker:
                     self._collect(r, keep & self.l_names, got, sums, copy=False)
                 for group in backlog.waiting():
                     self._weight_group(backlog, group, keep, got, sums, w_tag, check_numerics,
-                                       tails)
+                                       last=True)
+                    if updater is not None:  # its gradients are final: update now, while
+                        # other stages compute, not when all stream memory at the end
+                        self._update_early(group, sums, updater, fetches)
                 continue
             if phase == "B" and i > last_forward and self.early_weights:
                 for group in backlog.waiting():
@@ -210,71 +202,56 @@ class Worker:
             tr.add(EXECUTOR, "send", "send flush", t0, clock())
         t0 = clock()
         out = {name: _combine(name, vs, sizes) for name, vs in got.items() if vs}
-        # The mean of the micro-batches' gradients: a gradient only the update reads is
-        # handed over as a sum with its scale (no pass over 100 MB of it), a fetched one scaled.
-        updating = train and self.optimizer is not None
-        scale = 1.0 / microbatches
-        for name, total in sums.items():
-            if name in fetches or not updating:
-                if name in tails:
-                    total = total + tails.pop(name)
-                if microbatches > 1:
-                    total = total * np.asarray(scale, total.dtype)
-            out[name] = total
-        if updating:
-            assert self.optimizer is not None
-            for p, g in self.grads.items():
-                summed = microbatches > 1 and g in sums and g not in fetches
-                self.optimizer.update(p, self.params[p], out[g], scale if summed else 1.0,
-                                      tails.get(g))
+        # a gradient only the update reads is averaged as the update reads it
+        out.update({name: sums.mean(name) for name in sums.names()
+                    if name in fetches or updater is None})
+        for p, g in self.grads.items() if updater is not None else ():
+            sums.apply(updater, p, self.params[p], g)
         if tr is not None:  # (joining and averaging the micro-batches' results count here)
             tr.add(EXECUTOR, "update", "update", t0, clock(), {"params": len(self.grads)})
         return {name: out[name] for name in fetches}
 
     def _weight_group(self, backlog: Backlog, group: int, keep: set[str],
-                      got: dict[str, list[np.ndarray]], sums: dict[str, np.ndarray], tag: int,
-                      check_numerics: bool, tails: dict[str, np.ndarray] | None = None) -> None:
+                      got: dict[str, list[np.ndarray]], sums: GradientSums, tag: int,
+                      check_numerics: bool, last: bool = False) -> None:
         """Run one group of the W phase over the micro-batches it has not taken (their inputs
         joined along the batch axis: one gemm per weight, however many micro-batches) and add
-        its gradients to `sums`; with `tails`, the step's last run: a gradient with a sum
-        already goes there instead, for the update to add."""
+        its gradients to `sums` (`last`: the step's last run, see GradientSums)."""
         nodes = self.w_groups[group]
         # a gradient already summed from earlier micro-batches: its gemm adds straight into
         # the sum (beta = 1) instead of writing a new array that is then added. Not where
         # another node reads it: that node wants this run's part, not the running sum. Nor in
-        # the last run, which ends a first stage's step: there the update adding the part as
-        # it reads the sum costs less (a speech-mlp layer at 32 rows: +1.6 ms to add in the
-        # gemm, +0.7 in the update).
-        into = {} if tails is not None else {
-            n: sums[n.name] for n in nodes
-            if n.name in sums and _owned(sums[n.name]) and REGISTRY[n.op].accumulate
-            and not self.users[n]}
+        # the last run, whose part the update adds.
+        running = {n: sums.running(n.name) for n in nodes if not last and not self.users[n]
+                   and REGISTRY[n.op].accumulate}
+        into = {n: total for n, total in running.items() if total is not None}
         run = _Run(backlog.take(group), {n: len(self.users[n]) for n in self.order}, into)
         self._dataflow(nodes, run, {}, keep, tag, check_numerics)
-        self._collect(run, keep, got, sums, copy=False, tails=tails)
+        self._collect(run, keep, got, sums, copy=False, last=last)
+
+    def _update_early(self, group: int, sums: GradientSums, updater: Updater,
+                      fetches: list[str]) -> None:
+        """Update the parameters whose gradients W group `group`'s last run made final (a
+        fetched gradient waits: the fetch gets it averaged)."""
+        t0 = clock()
+        params = [p for p in self.w_updates[group] if self.grads[p] not in fetches]
+        for p in params:
+            sums.apply(updater, p, self.params[p], self.grads[p])
+        if (tr := self.trace) is not None and params:
+            tr.add(EXECUTOR, "update", "update", t0, clock(), {"params": len(params)})
 
     def _collect(self, run: _Run, keep: set[str], got: dict[str, list[np.ndarray]],
-                 sums: dict[str, np.ndarray], copy: bool,
-                 tails: dict[str, np.ndarray] | None = None) -> None:
-        """Take a finished run's kept values: gradients summed into `sums` (or, with `tails`,
-        put there where they have a sum), others listed."""
+                 sums: GradientSums, copy: bool, last: bool = False) -> None:
+        """Take a finished run's kept values: gradients added to `sums`, others listed."""
         for name in keep:
             node = self.graph[name]
             if node not in run.values:
                 continue  # computed in another phase
             value = run.values[node]
-            if name not in self.grad_nodes:
+            if name in self.grad_nodes:
+                sums.add(name, value, copy, last)
+            else:
                 got[name].append(value)
-            elif value is sums.get(name):
-                continue  # accumulated in place (run.into)
-            elif tails is not None and name in sums:
-                tails[name] = value
-            elif name in sums and _owned(sums[name]):
-                np.add(sums[name], value, out=sums[name])
-            elif name in sums:  # a view or a received array: never written in place
-                sums[name] = sums[name] + value
-            else:  # copied when more will be added: received arrays are read-only
-                sums[name] = np.array(value) if copy else value
 
     def _dataflow(self, nodes: list[Node], run: _Run, feeds: Mapping[str, np.ndarray],
                   keep: set[str], tag: int, check_numerics: bool) -> None:

@@ -1,0 +1,95 @@
+"""A worker's step gradients: summed over the micro-batches as they come, averaged, and handed to
+the update, each parameter's as soon as its gradient is final.
+
+>>> import numpy as np
+>>> sums = GradientSums(microbatches=2)
+>>> sums.add("g", np.ones(3, np.float32), copy=True)
+>>> sums.add("g", np.ones(3, np.float32), copy=True, last=True)  # kept apart: the update adds it
+>>> sums.mean("g")
+array([1., 1., 1.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from graphflow.ops import aligned
+
+
+class Updater(Protocol):
+    """What a worker hands each parameter's gradient to: an Optimizer, or a link to the
+    parameter server (graphflow/replicas/link.py)."""
+
+    def update(self, name: str, param: np.ndarray, grad: np.ndarray, scale: float = 1.0,
+               also: np.ndarray | None = None) -> None: ...
+
+
+def owned(a: np.ndarray) -> bool:
+    """Whether `a` may be written in place (received arrays and views may not)."""
+    return aligned.owns_data(a) and bool(a.flags.writeable)
+
+
+class GradientSums:
+    """Per gradient, the sum of its micro-batches' parts. The last run's part of a gradient
+    that already has a sum is kept apart (a tail): the update adds it as it reads the sum,
+    one pass over the gradient fewer (a speech-mlp layer at 32 rows: +1.6 ms to add it in the
+    gemm, +0.7 in the update). `mean` averages a gradient for a fetch; `apply` hands it to the
+    update, once per step."""
+
+    def __init__(self, microbatches: int) -> None:
+        self.microbatches = microbatches
+        self.sums: dict[str, np.ndarray] = {}
+        self.tails: dict[str, np.ndarray] = {}
+        self.averaged: set[str] = set()
+        self.applied: set[str] = set()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.sums
+
+    def names(self) -> list[str]:
+        return list(self.sums)
+
+    def running(self, name: str) -> np.ndarray | None:
+        """The sum a gemm may add its part into in place (beta = 1), if there is one."""
+        total = self.sums.get(name)
+        return total if total is not None and owned(total) else None
+
+    def add(self, name: str, value: np.ndarray, copy: bool, last: bool = False) -> None:
+        """Add a run's part; `copy` when more parts will come (received arrays are read-only);
+        `last`: the step's last run, whose part the update adds."""
+        total = self.sums.get(name)
+        if value is total:
+            return  # added in place (see `running`)
+        if total is None:
+            self.sums[name] = np.array(value) if copy else value
+        elif last:
+            self.tails[name] = value
+        elif owned(total):
+            np.add(total, value, out=total)
+        else:  # a view or a received array: never written in place
+            self.sums[name] = total + value
+
+    def mean(self, name: str) -> np.ndarray:
+        """The gradient averaged over the micro-batches (the sum itself with one)."""
+        if name not in self.averaged:
+            total = self.sums[name]
+            if name in self.tails:
+                total = total + self.tails.pop(name)
+            if self.microbatches > 1:
+                total = total * np.asarray(1.0 / self.microbatches, total.dtype)
+            self.sums[name] = total
+            self.averaged.add(name)
+        return self.sums[name]
+
+    def apply(self, updater: Updater, param: str, value: np.ndarray, grad: str) -> None:
+        """Update `param` (its array `value`) from gradient `grad`'s average, unless done."""
+        if param in self.applied:
+            return
+        self.applied.add(param)
+        if grad in self.averaged or self.microbatches == 1:
+            updater.update(param, value, self.mean(grad))
+        else:  # averaged as the update reads it: no pass over the sum of its own
+            updater.update(param, value, self.sums[grad], 1.0 / self.microbatches,
+                           self.tails.pop(grad, None))
