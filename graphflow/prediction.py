@@ -9,10 +9,10 @@ import argparse
 from typing import Any
 
 from graphflow.costmodel import SOURCE_OPS, CostModel, Link
-from graphflow.ir import users_of
+from graphflow.ir import Node, users_of
 from graphflow.models import Model
 from graphflow.partitioners import Plan, partition
-from graphflow.runtime.backlog import weight_groups
+from graphflow.runtime.backlog import early_updates, weight_groups
 from graphflow.runtime.pipeline import (
     check_linear,
     deferred_weight_nodes,
@@ -54,6 +54,9 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
     groups = weight_groups_by_worker(plan)
     group_of = {name: (w, i) for w, gs in groups.items() for i, g in enumerate(gs) for name in g}
     w_work = [[0.0] * len(groups[w]) for w in range(plan.parts)]  # per worker and W group
+    w_updates = [[0.0] * len(groups[w]) for w in range(plan.parts)]  # run after its last run
+    updated_after = {p: (w, i) for w, gs in early_updates_by_worker(plan).items()
+                     for i, ps in enumerate(gs) for p in ps}
     early = early_weight_stages(plan)
     order = plan.graph.toposort()
     late = set(late_nodes(order, users_of(order)))
@@ -63,7 +66,11 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
             late_work[w] += side_by_side * microbatches * cm.node_seconds(n, mb)
         elif n.op == "parameter":  # (an early W leaves the last micro-batches' part apart)
             tail = w in early and plan.grads.get(n.name) in group_of
-            update[w] += cm.update_seconds(n, parts=2 if tail else 1)
+            seconds = cm.update_seconds(n, parts=2 if tail else 1)
+            if n.name in updated_after:  # (mostly while other stages compute, not update)
+                w_updates[w][updated_after[n.name][1]] += seconds
+            else:
+                update[w] += seconds
         elif n.name in group_of and w in early:  # a micro-batch's W while a gradient is late
             w_work[w][group_of[n.name][1]] += side_by_side * cm.node_seconds(n, mb)
         elif n.name in group_of:  # W runs once over the joined micro-batches
@@ -76,8 +83,8 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
         lo = min(t.src, t.dst)
         hops[lo] = max(hops[lo], link.seconds(t.nbytes(mb)))
     ends = [end + late for end, late in zip(
-        simulate(schedule, microbatches, work["F"], work["B"], w_work, hops), late_work,
-        strict=True)]
+        simulate(schedule, microbatches, work["F"], work["B"], w_work, hops, w_updates),
+        late_work, strict=True)]
     if contention > 1.0:  # the stages share one machine's memory
         update = cm.concurrent_updates(ends, update)
     return dispatch + max(end + u for end, u in zip(ends, update, strict=True))
@@ -148,12 +155,28 @@ def weight_groups_by_worker(plan: Plan) -> dict[int, list[list[str]]]:
     """Per worker, the node names of its W phase's groups (runtime/backlog.py), as it runs
     them; a worker's own copies of nodes (recomputed, not in `plan.graph`) left out."""
     out: dict[int, list[list[str]]] = {}
+    for index, groups in _w_groups(plan).items():
+        named = ([n.name for n in g if n.name in plan.graph] for g in groups)
+        out[index] = [g for g in named if g]
+    return out
+
+
+def early_updates_by_worker(plan: Plan) -> dict[int, list[list[str]]]:
+    """Per worker and W group (as `weight_groups_by_worker` lists them), the parameters it
+    updates right after the group's last run (`backlog.early_updates`)."""
+    out = {}
+    for w, groups in zip(plan.workers, _w_groups(plan).values(), strict=True):
+        kept = [g for g in groups if any(n.name in plan.graph for n in g)]
+        out[w.index] = early_updates(kept, plan.grads, w.graph.toposort())
+    return out
+
+
+def _w_groups(plan: Plan) -> dict[int, list[list[Node]]]:
+    out: dict[int, list[list[Node]]] = {}
     for w in plan.workers:
         order = w.graph.toposort()
         grads = {w.graph[g] for g in plan.grads.values() if g in w.graph}
-        deferred = deferred_weight_nodes(order, users_of(order), grads)
-        named = ([n.name for n in g if n.name in plan.graph] for g in weight_groups(deferred))
-        out[w.index] = [g for g in named if g]
+        out[w.index] = weight_groups(deferred_weight_nodes(order, users_of(order), grads))
     return out
 
 

@@ -104,8 +104,9 @@ def test_the_first_stage_weight_gemms_are_predicted_a_micro_batch_at_a_time(monk
     plan = partition(m.graph, 2, "layerwise", loss=m.loss)
     seen = {}
 
-    def simulate(kind, microbatches, forward, backward, weights, hops=()):
+    def simulate(kind, microbatches, forward, backward, weights, hops=(), updates=()):
         seen[microbatches] = list(weights)
+        seen["updates"] = [list(u) for u in updates]
         return [0.0] * len(forward)
     monkeypatch.setattr(prediction, "simulate", simulate)
     # kernels that cost a fixed 10 ms a call: W work a micro-batch is 10 ms a weight gemm
@@ -120,6 +121,13 @@ def test_the_first_stage_weight_gemms_are_predicted_a_micro_batch_at_a_time(monk
     assert sum(seen[4][1]) == pytest.approx(last * 0.01 / 4, rel=1e-3)
     # a group per gradient, as the worker fills its waits (fc1's two share a node: 3 of them)
     assert sorted(seen[2][0]) == pytest.approx([0.01] * 6 + [0.03], rel=1e-3)
+    # each parameter's update follows its group's last run (in the W task), as the worker's
+    for stage, groups in enumerate(seen["updates"]):
+        held = [n for n in plan.graph.parameters() if plan.placement[n.name] == stage]
+        assert len(groups) == len(seen[2][stage]) and all(u > 0 for u in groups)
+        tail = 2 if stage == 0 else 1  # (the first stage's last part is added as it reads)
+        assert sum(groups) == pytest.approx(sum(calls.update_seconds(n, parts=tail)
+                                                for n in held), rel=1e-6)
 
 
 def test_auto_picks_the_fewest_micro_batches_predicted_within_a_tie_of_the_best():

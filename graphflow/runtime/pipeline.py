@@ -161,22 +161,27 @@ def check_linear(transfers: list[tuple[str, int, int]]) -> None:
 
 def simulate(kind: str, microbatches: int, forward: Sequence[float], backward: Sequence[float],
              weights: Sequence[float | Sequence[float]],
-             hops: Sequence[float] = ()) -> list[float]:
+             hops: Sequence[float] = (), updates: Sequence[Sequence[float]] = ()) -> list[float]:
     """When each stage ends its step under schedule `kind`, the worker's rules included:
     stage s takes forward[s] / backward[s] seconds per micro-batch and weights[s] per
     micro-batch of W work (a list: per group of W nodes, see runtime/backlog.py); a
     micro-batch's tensors take hops[s] seconds between stages s and s + 1 (either way); the
-    first stage runs W early in its cooldown, a group at a time, while a gradient is late.
+    first stage runs W early in its cooldown, a group at a time, while a gradient is late;
+    updates[s][g] seconds of updates follow group g's last run, in the W task.
 
     >>> simulate("gpipe", 2, [1, 1], [1, 1], [0, 0])  # fill, 2 + 2 busy, drain
     [6.0, 5.0]
     >>> simulate("1f1b", 2, [1, 1], [1, 1], [[0.5, 0.5], 0])  # its W fills stage 0's wait
     [7.0, 5.0]
+    >>> simulate("gpipe", 2, [1, 1], [1, 1], [0, 0], updates=[[0.5], [1]])  # after the W
+    [6.5, 6.0]
     """
     stages = len(forward)
     hops = list(hops) or [0.0] * (stages - 1)
     groups = [[float(w)] if isinstance(w, int | float) else [float(g) for g in w]
               for w in weights]
+    after = [list(u) + [0.0] * (len(g) - len(u))
+             for g, u in zip(groups, list(updates) or [[]] * stages, strict=True)]
     tasks = [schedule(kind, s, stages, microbatches) for s in range(stages)]
     done: dict[tuple[str, int, int], float] = {}  # (phase, stage, micro-batch) -> end time
     free, nxt = [0.0] * stages, [0] * stages
@@ -195,6 +200,7 @@ def simulate(kind: str, microbatches: int, forward: Sequence[float], backward: S
                 if phase == "W":
                     for g in range(len(groups[s])):
                         take(s, g)
+                        free[s] += after[s][g]
                     nxt[s] += 1
                     continue
                 # the input: the previous stage's forward, or the next stage's backward
