@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from graphflow.errors import GraphError, located
-from graphflow.ir import Node
+from graphflow.ir import SOURCE_OPS, Node
 from graphflow.ops.registry import REGISTRY, apply
 
 
@@ -60,7 +60,7 @@ def gradients(loss: Node, wrt: Sequence[Node], dy: Node | None = None) -> dict[s
             with _scoped(graph, node):
                 dy = _sum(partials.pop(node))
             done[node] = dy
-            if node.op in ("parameter", "placeholder", "constant"):
+            if node.op in SOURCE_OPS:
                 continue
             rule = REGISTRY[node.op].grad
             if rule is None:

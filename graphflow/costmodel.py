@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from graphflow.ir import Graph, Node
+from graphflow.ir import SOURCE_OPS, Graph, Node
 from graphflow.ops.registry import REGISTRY, concrete, node_cost
 from graphflow.stepsim import LOCAL_OPS, Costs, Prediction, Transfer, shared_fraction, simulate
 from graphflow.timing import (
@@ -36,8 +36,7 @@ from graphflow.timing import (
     time_update,
 )
 
-SOURCE_OPS = ("placeholder", "parameter", "constant")
-__all__ = ["LOCAL_OPS", "SOURCE_OPS", "CostModel", "Link", "Prediction", "Transfer", "kernels",
+__all__ = ["LOCAL_OPS", "CostModel", "Link", "Prediction", "Transfer", "kernels",
            "signature", "tensor_bytes"]
 BUILTIN = {"flop_rates": {"*": 60e9}, "bandwidth_Bps": 5e9, "overhead_s": 2e-6,
            "update_Bps": 20e9, "update_shared_Bps": 12e9}

@@ -19,6 +19,7 @@ from graphflow.errors import CycleError, GraphError, UnknownOpError, located
 
 Dim = int | None  # None is the symbolic batch dimension
 Shape = tuple[Dim, ...]
+SOURCE_OPS = ("placeholder", "parameter", "constant")  # values that come from outside: no work
 
 _PACKAGE_DIRS = tuple(
     os.path.dirname(os.path.abspath(p))
@@ -268,7 +269,7 @@ class Graph:
         for n in self.nodes:
             args = ", ".join(x.name for x in n.inputs)
             shown = {k: v for k, v in n.attrs.items() if k not in ("value", "shape", "dtype")
-                     or n.op not in ("placeholder", "parameter", "constant")}
+                     or n.op not in SOURCE_OPS}
             attrs = ", ".join(f"{k}={v}" for k, v in shown.items())
             dev = f" @{n.device}" if n.device else ""
             lines.append(f"{n.name}: {n.dtype}{format_shape(n.shape)} = {n.op}({args})"

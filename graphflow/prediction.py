@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from graphflow.costmodel import SOURCE_OPS, CostModel, Link
-from graphflow.ir import Node, users_of
+from graphflow.costmodel import CostModel, Link
+from graphflow.ir import SOURCE_OPS, Node, users_of
 from graphflow.models import Model
 from graphflow.partitioners import Plan, partition
 from graphflow.runtime.backlog import early_updates, weight_groups

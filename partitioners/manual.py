@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import re
 
-from graphflow.costmodel import LOCAL_OPS, SOURCE_OPS, CostModel
+from graphflow.costmodel import LOCAL_OPS, CostModel
 from graphflow.errors import located
-from graphflow.ir import Graph, Node
+from graphflow.ir import SOURCE_OPS, Graph, Node
 
 _DEVICE = re.compile(r"worker:(\d+)")
 

@@ -26,9 +26,8 @@ import re
 from collections.abc import Callable, Mapping
 
 from graphflow.costmodel import CostModel, tensor_bytes
-from graphflow.ir import Graph, Node, users_of
+from graphflow.ir import SOURCE_OPS, Graph, Node, users_of
 
-SOURCES = ("parameter", "placeholder", "constant")  # never copied: state, or fed to each worker
 COPY = re.compile(r"@w\d+$")
 SHARE = 0.01  # the most a copy may cost, as a share of the predicted step
 # Candidates priced by a simulated step, at most: each costs a simulation of the whole plan, and
@@ -74,7 +73,7 @@ def _copy_one(graph: Graph, where: dict[str, int], cost: CostModel, batch: int, 
         if a not in readers:
             continue  # a only relays n: copying it would leave a's work unused
         for b in sorted(readers - {a}):
-            if (n.name, b) in tried or n.op in SOURCES:
+            if (n.name, b) in tried or n.op in SOURCE_OPS:
                 continue
             tried.add((n.name, b))
             cone = _relay_cone(n, a, where, late, cost, batch, SHARE * best)
@@ -126,9 +125,9 @@ def _late(order: list[Node], where: Mapping[str, int], cost: CostModel, batch: i
     late: set[Node] = set()
     for n in order:
         w = where[n.name]
-        if n.op in SOURCES or cost.node_seconds(n, batch) > budget:
+        if n.op in SOURCE_OPS or cost.node_seconds(n, batch) > budget:
             continue
-        if any(x.op not in SOURCES and (where[x.name] != w or x in late) for x in n.inputs):
+        if any(x.op not in SOURCE_OPS and (where[x.name] != w or x in late) for x in n.inputs):
             late.add(n)
     return late
 

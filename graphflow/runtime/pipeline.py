@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from graphflow.ir import Node
+from graphflow.ir import SOURCE_OPS, Node
 
 SCHEDULES = ("gpipe", "1f1b", "eager")
 Task = tuple[str, int]
@@ -137,7 +137,7 @@ def late_nodes(order: list[Node], users: dict[Node, list[Node]]) -> list[Node]:
     starts from a constant): a pipelined worker runs them last, in its W phase, so that no
     micro-batch's gradient waits for them (speech-mlp's loss: 1 ms a micro-batch)."""
     return [n for n in order if not users[n] and not is_backward(n)
-            and n.op not in ("send", "recv", "parameter", "placeholder", "constant")]
+            and n.op not in ("send", "recv", *SOURCE_OPS)]
 
 
 def runs_weights_early(nodes: Iterable[Node]) -> bool:

@@ -80,6 +80,7 @@ class Worker:
         self.grads = {p: g for p, g in grads.items() if p in self.params}
         self.order = graph.toposort()
         self.users = users_of(self.order)
+        self.user_counts = {n: len(us) for n, us in self.users.items()}  # a run's pending users
         # what leads to a send, by its distance in nodes to the nearest send it feeds
         self.urgent = steps_to_send(self.order, self.users, lambda n: n.op == "send")
         self.position = {n: i for i, n in enumerate(self.order)}
@@ -182,7 +183,7 @@ class Worker:
                     if self.mail.arrived(self.b_recvs, tag):
                         break
                     self._weight_group(backlog, group, keep, got, sums, w_tag, check_numerics)
-            run = runs.setdefault(mb, _Run({}, {n: len(self.users[n]) for n in self.order},
+            run = runs.setdefault(mb, _Run({}, dict(self.user_counts),
                                            seed_scale=microbatches * sizes[mb] / sum(sizes)))
             self._dataflow(self.phases[phase], run, {k: v[mb] for k, v in parts.items()}, keep,
                            tag, check_numerics)
@@ -192,7 +193,7 @@ class Worker:
                     backlog.add([run.values[x] for x in self.w_inputs])
                     if self.phases["L"]:
                         late.append((mb, _Run({x: run.values[x] for x in self.l_inputs},
-                                              {n: len(self.users[n]) for n in self.order})))
+                                              dict(self.user_counts))))
                 del runs[mb]
         del backlog, run  # received tensors: over inproc, a peer's send waits until they go
         t0 = clock()
@@ -225,7 +226,7 @@ class Worker:
         running = {n: sums.running(n.name) for n in nodes if not last and not self.users[n]
                    and REGISTRY[n.op].accumulate}
         into = {n: total for n, total in running.items() if total is not None}
-        run = _Run(backlog.take(group), {n: len(self.users[n]) for n in self.order}, into)
+        run = _Run(backlog.take(group), dict(self.user_counts), into)
         self._dataflow(nodes, run, {}, keep, tag, check_numerics)
         self._collect(run, keep, got, sums, copy=False, last=last)
 
