@@ -45,9 +45,6 @@ class GradientSums:
         self.averaged: set[str] = set()
         self.applied: set[str] = set()
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.sums
-
     def names(self) -> list[str]:
         return list(self.sums)
 

@@ -206,10 +206,13 @@ class Worker:
         # a gradient only the update reads is averaged as the update reads it
         out.update({name: sums.mean(name) for name in sums.names()
                     if name in fetches or updater is None})
-        for p, g in self.grads.items() if updater is not None else ():
-            sums.apply(updater, p, self.params[p], g)
+        left: list[str] = []  # parameters not updated early
+        if updater is not None:
+            left = [p for p in self.grads if p not in sums.applied]
+            for p in left:
+                sums.apply(updater, p, self.params[p], self.grads[p])
         if tr is not None:  # (joining and averaging the micro-batches' results count here)
-            tr.add(EXECUTOR, "update", "update", t0, clock(), {"params": len(self.grads)})
+            tr.add(EXECUTOR, "update", "update", t0, clock(), {"params": len(left)})
         return {name: out[name] for name in fetches}
 
     def _weight_group(self, backlog: Backlog, group: int, keep: set[str],
