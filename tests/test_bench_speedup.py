@@ -5,7 +5,7 @@ import json
 import pytest
 
 from graphflow import prediction
-from graphflow.bench import speedup
+from graphflow.bench import rounds, speedup
 from graphflow.bench.rounds import TRIAL_WITHIN
 from graphflow.costmodel import CostModel
 from graphflow.models import digits_lc, speech_mlp
@@ -224,3 +224,31 @@ def test_a_point_starts_its_extra_clusters_only_with_memory_to_spare(tmp_path, m
     points = json.loads(out_json.read_text())["workloads"]["digits-lc"]["points"]
     started = {p["strategy"]: p.get("clusters") for p in points if p["workers"] == 2}
     assert started == {"spatial": 1, "layerwise": 1, "layerwise+eager": 1}
+
+
+def test_the_trial_goes_by_each_counts_fastest_cluster(monkeypatch):
+    """A slow cluster (whatever its count) must not decide the count: 2 micro-batches whose
+    clusters run 70, 95 and 84 ms beat 4 whose clusters run 79-81, though 2's median is 84;
+    the losers' clusters are closed, the winner's handed over."""
+    speeds = {2: [0.070, 0.095, 0.084], 4: [0.080, 0.081, 0.079]}
+    started, closed = [], []
+
+    class Fake:
+        def __init__(self, m, k):
+            self.m, self.k = m, k
+
+        def close(self):
+            closed.append((self.m, self.k))
+
+    def start(plan, args, m, feeds, label):
+        started.append(Fake(m, sum(c.m == m for c in started)))
+        return started[-1]
+
+    monkeypatch.setattr(rounds, "start_cluster", start)
+    monkeypatch.setattr(rounds, "timed", lambda c, feeds, window: speeds[c.m][c.k])
+    monkeypatch.setattr(rounds, "memory_to_spare", lambda: True)
+    args = type("Args", (), {"clusters": 3, "window": 16})()
+    best, kept, times = rounds.fastest_microbatches(None, args, [2, 4], {}, "x")
+    assert best == 2 and [c.k for c in kept] == [0, 1, 2]
+    assert times == {2: 0.070, 4: 0.079}
+    assert sorted(closed) == [(4, 0), (4, 1), (4, 2)]

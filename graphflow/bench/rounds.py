@@ -94,12 +94,16 @@ def fastest_microbatches(plan: Plan, args: argparse.Namespace, counts: Sequence[
                          feeds: dict[str, np.ndarray], label: str
                          ) -> tuple[int, list[Cluster], dict[int, float]]:
     """Start `args.clusters` clusters of `plan` for each micro-batch count, time each count in
-    TRIAL_ROUNDS interleaved windows (its clusters by turns), and keep the fastest: (its
-    count, its clusters, every count's median seconds per step). The cost model ranks the
-    counts too, but its guesses for small micro-batches missed which was fastest here
-    (speech-mlp: 2 predicted best, measured 6-9% slower than 3 in two runs); and one cluster a
-    count picked 3 micro-batches for speech-mlp where its 2-micro-batch cluster came out slow
-    (89.7 ms, where 2 micro-batches run 70-74 ms and 3 run 77-79 in interleaved runs)."""
+    TRIAL_ROUNDS interleaved windows (its clusters by turns), and keep the count whose fastest
+    cluster is fastest: (its count, its clusters, every count's fastest cluster's median
+    seconds per step). The cost model ranks the counts too, but its guesses for small
+    micro-batches missed which was fastest here (speech-mlp: 2 predicted best, measured 6-9%
+    slower than 3 in two runs). A fresh cluster now and then runs 20-40% slower than others of
+    its plan, whatever its count, so a count's median could be a slow cluster's: one cluster a
+    count picked 3 micro-batches for speech-mlp where its 2-micro-batch cluster came out at
+    89.7 ms (2 run 70-74 ms and 3 run 77-79 interleaved), three a count picked 4 where two of
+    the 2-micro-batch clusters were slow (84 ms against 80 for 4; the row then ran 4
+    micro-batches at 73-81 ms a step, where 2 run 67-71)."""
     clusters: dict[int, list[Cluster]] = {}
     try:
         for m in counts:
@@ -107,13 +111,14 @@ def fastest_microbatches(plan: Plan, args: argparse.Namespace, counts: Sequence[
             for k in affordable(0, args.clusters):
                 name = f"{label} trial {m}" + (f" ({k + 1})" if k else "")
                 clusters[m].append(start_cluster(plan, args, m, feeds, name))
-        times: dict[int, list[float]] = {m: [] for m in counts}
+        times: dict[int, list[list[float]]] = {m: [[] for _ in mine] for m, mine in
+                                                clusters.items()}  # per count and cluster
         for r in range(TRIAL_ROUNDS):
             for m, mine in clusters.items():
-                times[m].append(timed(mine[r % len(mine)], feeds, args.window))
-        medians = {m: statistics.median(t) for m, t in times.items()}
-        best = min(medians, key=medians.__getitem__)
-        return best, clusters.pop(best), medians
+                times[m][r % len(mine)].append(timed(mine[r % len(mine)], feeds, args.window))
+        fastest = {m: min(statistics.median(t) for t in per if t) for m, per in times.items()}
+        best = min(fastest, key=fastest.__getitem__)
+        return best, clusters.pop(best), fastest
     finally:
         for mine in clusters.values():
             for cluster in mine:

@@ -21,8 +21,9 @@ the rounds, missed by 30-40% when it did. A pipelined prediction
 runs the schedule through `graphflow.runtime.pipeline.simulate` with the cost model's per-stage
 forward, backward and weight-gradient times. By default the pipelined row runs the
 micro-batch count (of 2, 3, 4 and 8, those predicted within 30% of the best) that was fastest
-in a short trial of each before the rounds, on three clusters a count;
-the predictions of every count are in the JSON beside the trial's times.
+in a short trial of each before the rounds, on three clusters a count, going by each count's
+fastest cluster (a fresh cluster now and then runs slow, whatever its count); the predictions
+of every count are in the JSON beside those times.
 """
 
 from __future__ import annotations
