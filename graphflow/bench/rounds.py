@@ -101,9 +101,10 @@ def fastest_microbatches(plan: Plan, args: argparse.Namespace, counts: Sequence[
     slower than 3 in two runs). A fresh cluster now and then runs 20-40% slower than others of
     its plan, whatever its count, so a count's median could be a slow cluster's: one cluster a
     count picked 3 micro-batches for speech-mlp where its 2-micro-batch cluster came out at
-    89.7 ms (2 run 70-74 ms and 3 run 77-79 interleaved), three a count picked 4 where two of
-    the 2-micro-batch clusters were slow (84 ms against 80 for 4; the row then ran 4
-    micro-batches at 73-81 ms a step, where 2 run 67-71)."""
+    89.7 ms (2 run 70-74 ms and 3 run 77-79 interleaved), and three a count picked 4 where
+    the 2-micro-batch median came out at 84 ms against 80 for 4, at least two of its three
+    clusters slow in some window (the row then ran 4 micro-batches at 73-81 ms a step, where
+    2 run 67-71)."""
     clusters: dict[int, list[Cluster]] = {}
     try:
         for m in counts:
