@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from graphflow.costmodel import CostModel, Link
-from graphflow.ir import SOURCE_OPS, Node, users_of
+from graphflow.ir import SOURCE_OPS, users_of
 from graphflow.models import Model
 from graphflow.partitioners import Plan, partition
 from graphflow.runtime.backlog import early_updates, weight_groups
@@ -51,11 +51,11 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
     work = {phase: [0.0] * plan.parts for phase in "FB"}
     update = [0.0] * plan.parts
     late_work = [0.0] * plan.parts  # fetch-only nodes, run before the update (compute, not memory)
-    groups = weight_groups_by_worker(plan)
+    groups, updated_by_group = _w_phase(plan)
     group_of = {name: (w, i) for w, gs in groups.items() for i, g in enumerate(gs) for name in g}
     w_work = [[0.0] * len(groups[w]) for w in range(plan.parts)]  # per worker and W group
     w_updates = [[0.0] * len(groups[w]) for w in range(plan.parts)]  # run after its last run
-    updated_after = {p: (w, i) for w, gs in early_updates_by_worker(plan).items()
+    updated_after = {p: (w, i) for w, gs in updated_by_group.items()
                      for i, ps in enumerate(gs) for p in ps}
     early = early_weight_stages(plan)
     order = plan.graph.toposort()
@@ -154,30 +154,22 @@ def weight_phase(plan: Plan) -> dict[str, int]:
 def weight_groups_by_worker(plan: Plan) -> dict[int, list[list[str]]]:
     """Per worker, the node names of its W phase's groups (runtime/backlog.py), as it runs
     them; a worker's own copies of nodes (recomputed, not in `plan.graph`) left out."""
-    out: dict[int, list[list[str]]] = {}
-    for index, groups in _w_groups(plan).items():
-        named = ([n.name for n in g if n.name in plan.graph] for g in groups)
-        out[index] = [g for g in named if g]
-    return out
+    return _w_phase(plan)[0]
 
 
-def early_updates_by_worker(plan: Plan) -> dict[int, list[list[str]]]:
-    """Per worker and W group (as `weight_groups_by_worker` lists them), the parameters it
-    updates right after the group's last run (`backlog.early_updates`)."""
-    out = {}
-    for w, groups in zip(plan.workers, _w_groups(plan).values(), strict=True):
-        kept = [g for g in groups if any(n.name in plan.graph for n in g)]
-        out[w.index] = early_updates(kept, plan.grads, w.graph.toposort())
-    return out
-
-
-def _w_groups(plan: Plan) -> dict[int, list[list[Node]]]:
-    out: dict[int, list[list[Node]]] = {}
+def _w_phase(plan: Plan) -> tuple[dict[int, list[list[str]]], dict[int, list[list[str]]]]:
+    """Per worker, its W groups' node names (`weight_groups_by_worker`) and, per group, the
+    parameters it updates right after the group's last run (`backlog.early_updates`)."""
+    names: dict[int, list[list[str]]] = {}
+    early: dict[int, list[list[str]]] = {}
     for w in plan.workers:
         order = w.graph.toposort()
         grads = {w.graph[g] for g in plan.grads.values() if g in w.graph}
-        out[w.index] = weight_groups(deferred_weight_nodes(order, users_of(order), grads))
-    return out
+        groups = [g for g in weight_groups(deferred_weight_nodes(order, users_of(order), grads))
+                  if any(n.name in plan.graph for n in g)]
+        names[w.index] = [[n.name for n in g if n.name in plan.graph] for g in groups]
+        early[w.index] = early_updates(groups, plan.grads, order)
+    return names, early
 
 
 def predict_curve(model: Model, strategy: str, microbatches: int, args: argparse.Namespace,
