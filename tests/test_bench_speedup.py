@@ -47,6 +47,8 @@ def test_quick_run_writes_points_json_and_png(tmp_path, capsys):
         # paired: the round's 1-worker step over the point's step of the same round
         alone = wl["ceiling"]["alone_s"][0]
         assert p["paired_speedup"] == pytest.approx(alone / p["times_s"][0]), key
+        if key != ("(any)", 1):  # one round, so each cluster's median is its one time
+            assert p["cluster_medians_s"] == p["times_s"][:p["clusters"]], key
     assert wl["ceiling"]["ratio"] > 0
     # the pipelined point says how fast its micro-batches' kernels run (timed at batch 8 here,
     # so only its presence is checked; its arithmetic is test_microbatch_rate's)
@@ -252,3 +254,16 @@ def test_the_trial_goes_by_each_counts_fastest_cluster(monkeypatch):
     assert best == 2 and [c.k for c in kept] == [0, 1, 2]
     assert times == {2: 0.070, 4: 0.079}
     assert sorted(closed) == [(4, 0), (4, 1), (4, 2)]
+
+
+def test_a_point_whose_clusters_ran_at_different_speeds_gets_a_note(monkeypatch):
+    fast, slow = 0.070, 0.091
+    point = {"strategy": "spatial", "workers": 2, "clusters": 3,
+             "times_s": [fast, slow, fast] * 2 + [fast, slow]}
+    even = {"strategy": "layerwise", "workers": 2, "clusters": 3, "times_s": [fast] * 8}
+    monkeypatch.setattr(speedup, "measure_workload",
+                        lambda model, args: {"points": [point, even], "predicted": {}})
+    args = speedup.parser().parse_args(["--workloads", "digits-lc", "--no-progress"])
+    notes = speedup.run(args)["notes"]
+    assert notes == ["digits-lc spatial P=2: its clusters ran 70.0 / 91.0 / 70.0 ms a step "
+                     "(medians): 1.30x apart"]

@@ -57,6 +57,36 @@ def time_rounds(ones: Sequence[Cluster], running: dict[int, list[Cluster]],
             "ratio": 2 * statistics.median(alone) / statistics.median(both)}
 
 
+UNEVEN = 1.15  # a point whose slowest cluster's median is this much over its fastest's is noted
+
+
+def cluster_medians(times: Sequence[float], clusters: int) -> list[float]:
+    """Each cluster's median seconds per step, from a point's round times (`time_rounds`
+    times cluster r % clusters in round r).
+
+    >>> [round(m, 3) for m in cluster_medians([0.070, 0.090, 0.072, 0.094, 0.068], 2)]
+    [0.07, 0.092]
+    """
+    return [statistics.median(times[k::clusters]) for k in range(min(clusters, len(times)))]
+
+
+def uneven_clusters(label: str, times: Sequence[float], clusters: int) -> str | None:
+    """A note when a point's clusters ran at clearly different speeds (freshly started
+    clusters of one plan sometimes do; the point's median includes them all), else None.
+
+    >>> uneven_clusters("x P=2", [0.070, 0.090, 0.072, 0.094], 2)
+    'x P=2: its clusters ran 71.0 / 92.0 ms a step (medians): 1.30x apart'
+    >>> uneven_clusters("x P=2", [0.070, 0.075, 0.072, 0.074], 2) is None
+    True
+    """
+    medians = cluster_medians(times, clusters)
+    if len(medians) < 2 or max(medians) < UNEVEN * min(medians):
+        return None
+    each = " / ".join(f"{1e3 * m:.1f}" for m in medians)
+    return (f"{label}: its clusters ran {each} ms a step (medians): "
+            f"{max(medians) / min(medians):.2f}x apart")
+
+
 def affordable(start: int, stop: int, needed: int = 1) -> Iterator[int]:
     """start .. stop - 1, the clusters to start: past the first `needed`, only while a quarter
     of the memory is free (`memory_to_spare`)."""

@@ -49,9 +49,11 @@ from graphflow.bench import (
 from graphflow.bench.rounds import (
     TRIAL_WITHIN,
     affordable,
+    cluster_medians,
     fastest_microbatches,
     start_cluster,
     time_rounds,
+    uneven_clusters,
 )
 from graphflow.bench.speedup_plot import plot
 from graphflow.costmodel import CostModel, kernels
@@ -198,6 +200,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         doc["notes"].append(f"{max(args.workers)} workers on {cores} cores: oversubscribed")
     for name in args.workloads:
         doc["workloads"][name] = measure_workload(BUILDERS[name](batch=None), args)
+        for pt in doc["workloads"][name]["points"]:
+            if pt.get("clusters", 1) > 1 and (note := uneven_clusters(
+                    f"{name} {pt['strategy']} P={pt['workers']}", pt["times_s"], pt["clusters"])):
+                doc["notes"].append(note)
         for label, curve in doc["workloads"][name]["predicted"].items():
             if notes := [c["note"] for c in curve if c.get("note")]:
                 doc["notes"].append(f"{name} {label}, predicted: {'; '.join(notes)}")
@@ -293,6 +299,7 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
     for pt in points:
         if pt.get("times_s") and "error" not in pt:
             pt["median_s"] = statistics.median(pt["times_s"])
+            pt["cluster_medians_s"] = cluster_medians(pt["times_s"], pt["clusters"])
             pt["speedup"] = statistics.median(ceiling["alone_s"]) / pt["median_s"]
             # each round's 1-worker step over this point's step of the same round: a drift of
             # the machine's speed between rounds cancels out
