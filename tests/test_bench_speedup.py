@@ -259,8 +259,9 @@ def test_the_trial_goes_by_each_counts_fastest_cluster(monkeypatch):
 def test_a_point_whose_clusters_ran_at_different_speeds_gets_a_note(monkeypatch):
     fast, slow = 0.070, 0.091
     point = {"strategy": "spatial", "workers": 2, "clusters": 3,
-             "times_s": [fast, slow, fast] * 2 + [fast, slow]}
-    even = {"strategy": "layerwise", "workers": 2, "clusters": 3, "times_s": [fast] * 8}
+             "cluster_medians_s": [fast, slow, fast]}
+    even = {"strategy": "layerwise", "workers": 2, "clusters": 3,
+            "cluster_medians_s": [fast, fast * 1.1, fast]}
     monkeypatch.setattr(speedup, "measure_workload",
                         lambda model, args: {"points": [point, even], "predicted": {}})
     args = speedup.parser().parse_args(["--workloads", "digits-lc", "--no-progress"])

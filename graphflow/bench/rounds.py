@@ -70,16 +70,16 @@ def cluster_medians(times: Sequence[float], clusters: int) -> list[float]:
     return [statistics.median(times[k::clusters]) for k in range(min(clusters, len(times)))]
 
 
-def uneven_clusters(label: str, times: Sequence[float], clusters: int) -> str | None:
-    """A note when a point's clusters ran at clearly different speeds (freshly started
-    clusters of one plan sometimes do; the point's median includes them all), else None.
+def uneven_clusters(label: str, medians: Sequence[float]) -> str | None:
+    """A note when a point's clusters (their `cluster_medians`) ran at clearly different
+    speeds (freshly started clusters of one plan sometimes do; the point's median includes
+    them all), else None.
 
-    >>> uneven_clusters("x P=2", [0.070, 0.090, 0.072, 0.094], 2)
+    >>> uneven_clusters("x P=2", [0.071, 0.092])
     'x P=2: its clusters ran 71.0 / 92.0 ms a step (medians): 1.30x apart'
-    >>> uneven_clusters("x P=2", [0.070, 0.075, 0.072, 0.074], 2) is None
+    >>> uneven_clusters("x P=2", [0.071, 0.0745]) is None
     True
     """
-    medians = cluster_medians(times, clusters)
     if len(medians) < 2 or max(medians) < UNEVEN * min(medians):
         return None
     each = " / ".join(f"{1e3 * m:.1f}" for m in medians)

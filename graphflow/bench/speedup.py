@@ -201,8 +201,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name in args.workloads:
         doc["workloads"][name] = measure_workload(BUILDERS[name](batch=None), args)
         for pt in doc["workloads"][name]["points"]:
-            if pt.get("clusters", 1) > 1 and (note := uneven_clusters(
-                    f"{name} {pt['strategy']} P={pt['workers']}", pt["times_s"], pt["clusters"])):
+            if note := uneven_clusters(f"{name} {pt['strategy']} P={pt['workers']}",
+                                       pt.get("cluster_medians_s", [])):
                 doc["notes"].append(note)
         for label, curve in doc["workloads"][name]["predicted"].items():
             if notes := [c["note"] for c in curve if c.get("note")]:
