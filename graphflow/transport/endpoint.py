@@ -267,20 +267,19 @@ class Endpoint:
                     pass  # wake-ups are pending already
 
     def _recv_wire(self, timeout: float) -> tuple[dict[str, Any], np.ndarray] | None:
-        try:  # a message already here: one call
+        # Poll first: it returns at once when a message is here, and a receiver mostly waits;
+        # trying a non-blocking receive first raised zmq.Again for almost every message (1 MB
+        # tensors over ipc: the receiving thread's CPU 4-5 us a message higher, of 21-26).
+        ready = self._poller.poll(max(0, int(timeout * 1000)))  # (GIL released)
+        if not ready:
+            return None
+        try:  # messages go before a wake-up: `interrupt` ends a wait, not a stream
             frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            ready = dict(self._poller.poll(max(0, int(timeout * 1000))))  # (GIL released)
-            if self._wake_rx in ready:
+        except zmq.Again:  # (or readable, then not: what a poll promises is only likely)
+            if any(sock is self._wake_rx for sock, _ in ready):
                 while self._wake_rx.poll(0):  # every pending wake-up ends this one wait
                     self._wake_rx.recv()
-                return None
-            if self._pull not in ready:
-                return None
-            try:
-                frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:  # (readable, then not: what a poll promises is only likely)
-                return None
+            return None
         if len(frames) != 2:
             raise FrameError(f"{self.name}: received a message of {len(frames)} frames, "
                              "expected 2 (header, buffer)")
