@@ -312,6 +312,17 @@ def test_curve_allows_listed_clients_and_refuses_others():
     assert not endpoint_module._AUTH, "the authenticator stops with the last CURVE endpoint"
 
 
+def test_tensors_already_here_come_before_a_pending_wake_up():
+    with Endpoint("w0", "inproc://first-w0") as w0, Endpoint("w1", "inproc://first-w1") as w1:
+        w0.connect("w1", w1.address)
+        w0.send("w1", "a", np.arange(2.0))
+        w0.send("w1", "b", np.arange(3.0))
+        w1.interrupt()  # ends a wait, not a stream: both tensors first, then the wait ends
+        assert [w1.recv_any(5.0)[0]["key"] for _ in range(2)] == ["a", "b"]
+        t0 = time.monotonic()
+        assert w1.recv_any(5.0) is None and time.monotonic() - t0 < 2.5
+
+
 def test_interrupt_ends_a_receivers_wait_and_later_tensors_still_come():
     with Endpoint("w0", "inproc://interrupt-w0") as w0, \
             Endpoint("w1", "inproc://interrupt-w1") as w1:

@@ -269,7 +269,7 @@ class Endpoint:
     def _recv_wire(self, timeout: float) -> tuple[dict[str, Any], np.ndarray] | None:
         # Poll first: it returns at once when a message is here, and a receiver mostly waits;
         # trying a non-blocking receive first raised zmq.Again for almost every message (1 MB
-        # tensors over ipc: the receiving thread's CPU 4-5 us a message higher, of 21-26).
+        # tensors over ipc: the receiving thread's CPU 4-5 us a message higher, of 23-26).
         ready = self._poller.poll(max(0, int(timeout * 1000)))  # (GIL released)
         if not ready:
             return None
