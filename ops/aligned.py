@@ -1,4 +1,4 @@
-"""Arrays that start on a cache line, for the large operands the vector kernels stream.
+"""Arrays that start on a page, for the large operands the vector kernels stream.
 
 glibc's malloc (under numpy) starts a block 16 bytes past a 64-byte line in three cases of
 four, and where it falls depends on what the process allocated before. A kernel loading
@@ -6,11 +6,21 @@ four, and where it falls depends on what the process allocated before. A kernel 
 against speech-mlp's 2560 x 8192 weight ran 10.3-10.9 ms at 32 rows against 8.2-8.8 aligned,
 and where a weight landed differed from one worker process to the next.
 
+Lines were not enough. Where two arrays fall relative to each other within a 4 KB page differed
+from process to process too, and the weight-gradient gemm (`short_gemm`, 2560 x 8192 over 64
+rows) ran 10-20% slower when its output started 64-448 bytes past its dy in a page (4K
+aliasing: its loads of dy's next columns looked, by their low 12 bits, like the stores it had
+just made to the output); at the same offset it ran at full speed, and the forward, the
+backward and the update did not care (2026-11-26, 16-64 offsets each). So a large array starts
+on a page: every process lays its arrays out alike, none draws the slow offset. (Whole
+speech-mlp pipelined steps ran alike either way: 65.9 / 65.5 and 67.3 / 67.5 ms, 14 clusters
+a run; this removes a draw, not a measured loss.)
+
 An aligned array is a view of a slightly larger buffer, so `flags.owndata` is False for it;
 `owns_data` answers for both kinds (views of it, like any view, do not own their data).
 
     >>> a = empty((256, 256), np.float32)
-    >>> a.ctypes.data % LINE, a.shape, a.flags.owndata, owns_data(a), owns_data(a[1:])
+    >>> a.ctypes.data % PAGE, a.shape, a.flags.owndata, owns_data(a), owns_data(a[1:])
     (0, (256, 256), False, True, False)
 """
 
@@ -21,21 +31,21 @@ from typing import Any
 
 import numpy as np
 
-LINE = 64  # bytes: a cache line, and one 16-lane float32 vector (ops/simd.py)
+PAGE = 4096  # bytes: where a large array starts (and so on a 64-byte line, a vector's width)
 MIN_BYTES = 64 * 1024  # smaller arrays stay numpy's: they live in cache, and views cost more
 
 _owners: dict[int, weakref.ref[np.ndarray]] = {}  # id -> the aligned array (while it lives)
 
 
 def empty(shape: Any, dtype: Any = np.float32) -> np.ndarray:
-    """An uninitialised C-contiguous array starting on a cache line (from MIN_BYTES up)."""
+    """An uninitialised C-contiguous array starting on a page (from MIN_BYTES up)."""
     shape = tuple(int(d) for d in np.atleast_1d(shape))
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if nbytes < MIN_BYTES:
         return np.empty(shape, dtype)
-    raw = np.empty(nbytes + LINE, np.uint8)
-    start = -raw.ctypes.data % LINE
+    raw = np.empty(nbytes + PAGE, np.uint8)
+    start = -raw.ctypes.data % PAGE
     a = raw[start:start + nbytes].view(dtype).reshape(shape)
     key = id(a)
     _owners[key] = weakref.ref(a, lambda _, key=key: _owners.pop(key, None))
@@ -50,14 +60,14 @@ def full(shape: Any, value: Any, dtype: Any = np.float32) -> np.ndarray:
 
 
 def copy(a: np.ndarray, dtype: Any = None) -> np.ndarray:
-    """A C-contiguous copy of `a` (as `dtype`, if given) that starts on a cache line."""
+    """A C-contiguous copy of `a` (as `dtype`, if given) that starts on a page."""
     out = empty(a.shape, a.dtype if dtype is None else dtype)
     np.copyto(out, a, casting="same_kind")
     return out
 
 
 def concatenate(parts: list[np.ndarray], axis: int) -> np.ndarray:
-    """`np.concatenate(parts, axis)` into an array that starts on a cache line."""
+    """`np.concatenate(parts, axis)` into an array that starts on a page."""
     shape = list(parts[0].shape)
     shape[axis] = sum(p.shape[axis] for p in parts)
     return np.concatenate(parts, axis=axis, out=empty(shape, parts[0].dtype))
