@@ -90,9 +90,9 @@ BALLOON_F_REPORTING = 5    # its feature bit for free page reporting (sysfs `fea
 def returns_freed_memory(devices: Path = Path("/sys/bus/virtio/devices")) -> bool:
     """Whether this is a VM that hands the memory its processes free back to its host: a
     virtio-balloon device, bound to its driver, with free page reporting. The next process
-    to get such memory pays the host's page faults; freshly started worker processes here
-    then now and then ran 20-100% slower for as long as we timed them (docs/speedup-notes.md,
-    2026-11-26)."""
+    to get such memory pays the host's page faults (touching 20 GB: 47 s against 1.5 s
+    with the driver unbound), and the speedup bench's slow clusters came only while it was
+    bound (docs/speedup-notes.md, 2026-11-26)."""
     try:
         entries = sorted(devices.iterdir())
     except OSError:

@@ -80,10 +80,9 @@ MACHINES = (1, 2, 4, 8, 16, 32, 64)
 TOLERANCE = 0.25  # allowed relative error of the cost model at every measured point
 FREED_MEMORY_NOTE = (
     "this VM hands the memory its processes free back to its host (virtio-balloon free page "
-    "reporting): a freshly started cluster that gets such memory may run slower for as long as "
-    "it runs; unbinding that driver (as root: echo DEVICE > "
-    "/sys/bus/virtio/drivers/virtio_balloon/unbind) keeps freed memory in the VM "
-    "(docs/speedup-notes.md, 2026-11-26)")
+    "reporting), and the next process to get it pays the host's page faults; the clusters "
+    "that ran slow for as long as they ran came here only while it did (unbinding that driver, "
+    "as root, keeps freed memory in the VM: docs/speedup-notes.md, 2026-11-26)")
 COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("workers", "P"),
            ("ms", "median ms"), ("speedup", "speedup"), ("paired", "paired"),
            ("pred_ms", "pred ms"),
