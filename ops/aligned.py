@@ -6,15 +6,14 @@ four, and where it falls depends on what the process allocated before. A kernel 
 against speech-mlp's 2560 x 8192 weight ran 10.3-10.9 ms at 32 rows against 8.2-8.8 aligned,
 and where a weight landed differed from one worker process to the next.
 
-Lines were not enough. Where two arrays fall relative to each other within a 4 KB page differed
-from process to process too, and the weight-gradient gemm (`short_gemm`, 2560 x 8192 over 64
-rows) ran 10-20% slower when its output started 64-448 bytes past its dy in a page (4K
-aliasing: its loads of dy's next columns looked, by their low 12 bits, like the stores it had
-just made to the output); at the same offset it ran at full speed, and the forward, the
-backward and the update did not care (2026-11-26, 16-64 offsets each). So a large array starts
-on a page: every process lays its arrays out alike, none draws the slow offset. (Whole
-speech-mlp pipelined steps ran alike either way: 65.9 / 65.5 and 67.3 / 67.5 ms, 14 clusters
-a run; this removes a draw, not a measured loss.)
+Where two arrays fall relative to each other within a 4 KB page differed from process to
+process too. The weight-gradient gemm (`short_gemm`, 2560 x 8192 over 64 rows) ran 10-20%
+slower when its output started 64-448 bytes past its dy in a page (4K aliasing: its loads of
+dy's next columns carry the low 12 bits of the stores it has just made), and at full speed
+with both at the same place in a page; the forward, the backward and the update did not care
+(2026-11-26). So a large array starts on a page: every process lays its arrays out alike.
+(Whole pipelined speech-mlp steps ran alike either way, 14 clusters a run: this removes a
+draw, not a measured loss.)
 
 An aligned array is a view of a slightly larger buffer, so `flags.owndata` is False for it;
 `owns_data` answers for both kinds (views of it, like any view, do not own their data).

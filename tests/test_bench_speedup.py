@@ -226,7 +226,7 @@ def _virtio_device(root, name, device, features, bound):
     ("0x0005", "0110010100000000", True, True),    # a balloon reporting free pages (bit 5)
     ("0x0005", "0110000100000000", True, False),   # a balloon without that feature
     ("0x0005", "0110010100000000", False, False),  # its driver unbound: nothing is reported
-    ("0x0001", "0110010100000000", True, False),   # a network card's bit 5 means else
+    ("0x0001", "0110010100000000", True, False),   # a network card: its bit 5 is another feature
     ("0x0005", "01100", True, False),              # too few bits to have the feature
 ])
 def test_returns_freed_memory_reads_the_balloons_features(tmp_path, device, features, bound,
@@ -239,7 +239,7 @@ def test_returns_freed_memory_reads_the_balloons_features(tmp_path, device, feat
     assert returns_freed_memory(tmp_path / "missing") is False  # not a VM with virtio
 
 
-def test_a_vm_that_returns_freed_memory_gets_a_note(tmp_path, monkeypatch):
+def test_a_vm_that_returns_freed_memory_gets_a_note(monkeypatch):
     monkeypatch.setattr(speedup, "machine_info",
                         lambda: {"cpu_count": 2, "loadavg": None, "returns_freed_memory": True})
     monkeypatch.setattr(speedup, "measure_workload", lambda model, args: {
