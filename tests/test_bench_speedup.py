@@ -213,46 +213,6 @@ def test_memory_to_spare_reads_meminfo(tmp_path, monkeypatch):
     assert bench.memory_to_spare()
 
 
-def _virtio_device(root, name, device, features, bound):
-    dev = root / name
-    dev.mkdir(parents=True)
-    (dev / "device").write_text(device + "\n")
-    (dev / "features").write_text(features + "\n")
-    if bound:
-        (dev / "driver").mkdir()
-
-
-@pytest.mark.parametrize("device,features,bound,returns", [
-    ("0x0005", "0110010100000000", True, True),    # a balloon reporting free pages (bit 5)
-    ("0x0005", "0110000100000000", True, False),   # a balloon without that feature
-    ("0x0005", "0110010100000000", False, False),  # its driver unbound: nothing is reported
-    ("0x0001", "0110010100000000", True, False),   # a network card: its bit 5 is another feature
-    ("0x0005", "01100", True, False),              # too few bits to have the feature
-])
-def test_returns_freed_memory_reads_the_balloons_features(tmp_path, device, features, bound,
-                                                          returns):
-    from graphflow.bench import returns_freed_memory
-
-    _virtio_device(tmp_path, "virtio0", "0x0002", "1" * 64, True)  # a block device first
-    _virtio_device(tmp_path, "virtio1", device, features, bound)
-    assert returns_freed_memory(tmp_path) is returns
-    assert returns_freed_memory(tmp_path / "missing") is False  # not a VM with virtio
-
-
-def test_a_vm_that_returns_freed_memory_gets_a_note(monkeypatch):
-    monkeypatch.setattr(speedup, "machine_info",
-                        lambda: {"cpu_count": 2, "loadavg": None, "returns_freed_memory": True})
-    monkeypatch.setattr(speedup, "measure_workload", lambda model, args: {
-        "points": [], "predicted": {}})
-    p = speedup.parser()
-    args = p.parse_args(["--quick", "--workloads", "digits-lc", "--no-progress"])
-    speedup._settle(args, p)
-    assert speedup.FREED_MEMORY_NOTE in speedup.run(args)["notes"]
-    monkeypatch.setattr(speedup, "machine_info",
-                        lambda: {"cpu_count": 2, "loadavg": None, "returns_freed_memory": False})
-    assert speedup.FREED_MEMORY_NOTE not in speedup.run(args)["notes"]
-
-
 def test_a_point_starts_its_extra_clusters_only_with_memory_to_spare(tmp_path, monkeypatch):
     from graphflow.bench import rounds
 
@@ -304,9 +264,6 @@ def test_a_point_whose_clusters_ran_at_different_speeds_gets_a_note(monkeypatch)
             "cluster_medians_s": [fast, fast * 1.1, fast]}
     monkeypatch.setattr(speedup, "measure_workload",
                         lambda model, args: {"points": [point, even], "predicted": {}})
-    machine = speedup.machine_info  # (whatever VM this runs on: no note of its memory)
-    monkeypatch.setattr(speedup, "machine_info",
-                        lambda: {**machine(), "returns_freed_memory": False})
     args = speedup.parser().parse_args(["--workloads", "digits-lc", "--no-progress"])
     notes = speedup.run(args)["notes"]
     assert notes == ["digits-lc spatial P=2: its clusters ran 70.0 / 91.0 / 70.0 ms a step "

@@ -79,34 +79,7 @@ def machine_info() -> dict[str, Any]:
             "python": platform.python_version(), "cpu_model": cpu, "cpu_count": os.cpu_count(),
             "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
             "numpy": np.__version__, "numba": numba.__version__,
-            "threads": {v: os.environ.get(v) for v in BLAS_THREAD_VARS},
-            "returns_freed_memory": returns_freed_memory()}
-
-
-VIRTIO_BALLOON = "0x0005"  # a virtio device id (sysfs `device`)
-BALLOON_F_REPORTING = 5    # its feature bit for free page reporting (sysfs `features`: "0110...")
-
-
-def returns_freed_memory(devices: Path = Path("/sys/bus/virtio/devices")) -> bool:
-    """Whether this is a VM that hands the memory its processes free back to its host: a
-    virtio-balloon device, bound to its driver, with free page reporting. The next process
-    to get such memory pays the host's page faults (touching 20 GB: 47 s against 1.5 s
-    with the driver unbound), and the speedup bench's slow clusters came only while it was
-    bound (docs/speedup-notes.md, 2026-11-26)."""
-    try:
-        entries = sorted(devices.iterdir())
-    except OSError:
-        return False
-    for dev in entries:
-        try:
-            if (dev / "device").read_text().strip() != VIRTIO_BALLOON:
-                continue
-            features = (dev / "features").read_text().strip()
-        except OSError:
-            continue
-        if (dev / "driver").exists() and features[BALLOON_F_REPORTING:][:1] == "1":
-            return True
-    return False
+            "threads": {v: os.environ.get(v) for v in BLAS_THREAD_VARS}}
 
 
 def memory_to_spare(reserve: float = 0.25) -> bool:

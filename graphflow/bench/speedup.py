@@ -78,11 +78,6 @@ from graphflow.trace import recording
 WORKLOADS = ("lc-large", "speech-mlp", "digits-lc")
 MACHINES = (1, 2, 4, 8, 16, 32, 64)
 TOLERANCE = 0.25  # allowed relative error of the cost model at every measured point
-FREED_MEMORY_NOTE = (
-    "this VM hands the memory its processes free back to its host (virtio-balloon free page "
-    "reporting), and the next process to get it pays the host's page faults; the clusters "
-    "that ran slow for as long as they ran came here only while it did (unbinding that driver, "
-    "as root, keeps freed memory in the VM: docs/speedup-notes.md, 2026-11-26)")
 COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("workers", "P"),
            ("ms", "median ms"), ("speedup", "speedup"), ("paired", "paired"),
            ("pred_ms", "pred ms"),
@@ -203,8 +198,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cores = doc["machine"]["cpu_count"] or 1
     if max(args.workers) > cores:
         doc["notes"].append(f"{max(args.workers)} workers on {cores} cores: oversubscribed")
-    if doc["machine"]["returns_freed_memory"]:
-        doc["notes"].append(FREED_MEMORY_NOTE)
     for name in args.workloads:
         doc["workloads"][name] = measure_workload(BUILDERS[name](batch=None), args)
         for pt in doc["workloads"][name]["points"]:
