@@ -264,6 +264,8 @@ def test_a_point_whose_clusters_ran_at_different_speeds_gets_a_note(monkeypatch)
             "cluster_medians_s": [fast, fast * 1.1, fast]}
     monkeypatch.setattr(speedup, "measure_workload",
                         lambda model, args: {"points": [point, even], "predicted": {}})
+    machine = speedup.machine_info  # two cores, whatever runs this: no oversubscription note
+    monkeypatch.setattr(speedup, "machine_info", lambda: {**machine(), "cpu_count": 2})
     args = speedup.parser().parse_args(["--workloads", "digits-lc", "--no-progress"])
     notes = speedup.run(args)["notes"]
     assert notes == ["digits-lc spatial P=2: its clusters ran 70.0 / 91.0 / 70.0 ms a step "
