@@ -134,12 +134,22 @@ def _header(**fields):
     (_header(shape=[1] * 9), b"\0" * 4, "at most 8"),
     (_header(shape=[2.0]), b"\0" * 8, "non-integer"),
     (_header(step="1"), b"\0" * 8, "'step' must be int"),
+    (_header(step=True), b"\0" * 8, "'step' must be int"),
+    (_header(dtype=["float32"]), b"\0" * 8, "dtype \\['float32'\\] is not allowed"),
     (_header(key=None), b"\0" * 8, "'key' must be str"),
 ])
 def test_bad_tensor_frames_raise_frame_error(header, payload, message):
     with pytest.raises(FrameError, match=message) as info:
         decode_tensor(header, payload)
     assert isinstance(info.value, GraphflowError)
+
+
+def test_decoding_copies_a_buffer_too_misaligned_to_view():
+    raw = bytearray(np.array([0, 1.5, -2.0], np.float32).tobytes())
+    meta, x = decode_tensor(_header(shape=[2]), memoryview(raw)[4:12])
+    assert x.flags.aligned and not x.flags.writeable and x.tolist() == [1.5, -2.0]
+    meta, y = decode_tensor(_header(shape=[2]), memoryview(b"\0" + bytes(raw))[5:13])
+    assert y.flags.aligned and y.tolist() == [1.5, -2.0] and meta["key"] == "k"
 
 
 def test_frame_error_names_key_and_sender():

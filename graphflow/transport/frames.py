@@ -161,6 +161,43 @@ def decode_tensor(header: Any, buffer: Any) -> tuple[dict[str, Any], np.ndarray]
         >>> x.shape, meta["src"]
         ((0, 4), 'w0')
     """
+    return _decode_usual(header, buffer) or _decode_checked(header, buffer)
+
+
+def _decode_usual(header: Any, buffer: Any) -> tuple[dict[str, Any], np.ndarray] | None:
+    # A receiving thread's microseconds count: with 4-5 us more Python work per 1 MB tensor,
+    # ipc streams ran a fifth slower here (the zmq I/O threads share the two cores). So the
+    # usual message is checked in 2.3 us, not 3.3; None hands anything else to the full check,
+    # which names what is wrong. The header's size cap bounds every length msgpack reads.
+    head = _view(header)
+    if head.nbytes > TENSOR_HEADER_MAX:
+        return None
+    try:
+        meta = msgpack.unpackb(head)
+    except Exception:  # noqa: BLE001 - malformed: the full check explains
+        return None
+    if type(meta) is not dict:
+        return None
+    name, shape = meta.get("dtype"), meta.get("shape")
+    dtype = _BY_NAME.get(name) if type(name) is str else None
+    if (dtype is None or type(shape) is not list or len(shape) > MAX_DIMS
+            or type(meta.get("key")) is not str or type(meta.get("src")) is not str
+            or type(meta.get("step")) is not int):
+        return None
+    for d in shape:
+        if type(d) is not int or d < 0:
+            return None
+    data = _view(buffer)
+    if math.prod(shape) * dtype.itemsize != data.nbytes:
+        return None
+    a = np.ndarray(shape, dtype, data)
+    if not a.flags.aligned:
+        return None
+    a.flags.writeable = False  # as check_array: it may be the sender's memory (inproc)
+    return meta, a
+
+
+def _decode_checked(header: Any, buffer: Any) -> tuple[dict[str, Any], np.ndarray]:
     meta = _unpack(header, TENSOR_HEADER_MAX, _TENSOR_UNPACK, "tensor header")
     if not isinstance(meta, dict):
         raise FrameError(f"tensor header: expected a map, got {type(meta).__name__}")
