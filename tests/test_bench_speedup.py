@@ -49,6 +49,8 @@ def test_quick_run_writes_points_json_and_png(tmp_path, capsys):
         assert p["paired_speedup"] == pytest.approx(alone / p["times_s"][0]), key
         if key != ("(any)", 1):  # one round, so each cluster's median is its one time
             assert p["cluster_medians_s"] == p["times_s"][:p["clusters"]], key
+            # the share of the machine's ceiling (two independent 1-worker clusters) it reaches
+            assert p["of_ceiling"] == pytest.approx(p["speedup"] / wl["ceiling"]["ratio"]), key
     assert wl["ceiling"]["ratio"] > 0
     # the pipelined point says how fast its micro-batches' kernels run (timed at batch 8 here,
     # so only its presence is checked; its arithmetic is test_microbatch_rate's)
@@ -61,6 +63,7 @@ def test_quick_run_writes_points_json_and_png(tmp_path, capsys):
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
     assert "machine ceiling (digits-lc)" in printed and "spatial" in printed
+    assert "of ceiling" in printed
 
 
 @pytest.mark.parametrize("bad", [["--workers", "0"], ["--workloads", "nope"],
