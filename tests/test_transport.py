@@ -144,12 +144,15 @@ def test_bad_tensor_frames_raise_frame_error(header, payload, message):
     assert isinstance(info.value, GraphflowError)
 
 
-def test_decoding_copies_a_buffer_too_misaligned_to_view():
+def test_decoding_views_an_aligned_buffer_and_copies_a_misaligned_one():
     raw = bytearray(np.array([0, 1.5, -2.0], np.float32).tobytes())
     meta, x = decode_tensor(_header(shape=[2]), memoryview(raw)[4:12])
-    assert x.flags.aligned and not x.flags.writeable and x.tolist() == [1.5, -2.0]
-    meta, y = decode_tensor(_header(shape=[2]), memoryview(b"\0" + bytes(raw))[5:13])
-    assert y.flags.aligned and y.tolist() == [1.5, -2.0] and meta["key"] == "k"
+    assert np.shares_memory(x, np.frombuffer(raw, np.uint8)) and not x.flags.writeable
+    assert x.tolist() == [1.5, -2.0] and meta["key"] == "k"
+    shifted = bytearray(b"\0" + raw)  # (malloc'd: float32 at odd addresses)
+    _, y = decode_tensor(_header(shape=[2]), memoryview(shifted)[5:13])
+    assert not np.shares_memory(y, np.frombuffer(shifted, np.uint8))
+    assert y.flags.aligned and y.tolist() == [1.5, -2.0]
 
 
 def test_frame_error_names_key_and_sender():
