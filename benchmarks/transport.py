@@ -11,7 +11,7 @@ CPU time per message of both processes together (all threads, zmq's I/O threads 
 Both processes keep freed memory in their heap, as every graphflow worker process does
 (`graphflow.runtime.heap`): received 1 MB buffers are not mapped afresh from the kernel.
 
-    python benchmarks/transport.py                    # 1 MB x 500 messages, 15 repeats
+    python benchmarks/transport.py                    # 1 MB x 500 messages, 45 repeats
     python benchmarks/transport.py --size-mb 64 --messages 20 --transports tcp
 """
 
@@ -42,8 +42,10 @@ def extra_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transports", nargs="+", choices=("ipc", "tcp"), default=["ipc", "tcp"],
                    help="transports to measure (ipc tcp)")
     p.add_argument("--hwm", type=int, default=16, help="Endpoint queue length in messages (16)")
-    # a run is a fraction of a second, and a median of 7 still swung from 0.53 to 1.04 here
-    p.set_defaults(repeats=15)
+    # A round is a tenth of a second and the machine's spells are longer: over ipc, medians
+    # of 7 rounds swung from 0.53 to 1.04 here, of 15 from 0.71 to 1.30 (14 runs), of 45 from
+    # 0.90 to 0.98 (6 runs, 25 s each).
+    p.set_defaults(repeats=45)
 
 
 def _bind(transport: str, tmp: str, name: str) -> str:
