@@ -137,6 +137,9 @@ def _header(**fields):
     (_header(step=True), b"\0" * 8, "'step' must be int"),
     (_header(dtype=["float32"]), b"\0" * 8, "dtype \\['float32'\\] is not allowed"),
     (_header(key=None), b"\0" * 8, "'key' must be str"),
+    (_header(key="k" * 1025), b"\0" * 8, "bad msgpack"),              # the unpack limits
+    (_header(**{f"x{i}": 0 for i in range(12)}), b"\0" * 8, "bad msgpack"),
+    (_header(extra=b"bytes"), b"\0" * 8, "bad msgpack"),
 ])
 def test_bad_tensor_frames_raise_frame_error(header, payload, message):
     with pytest.raises(FrameError, match=message) as info:
