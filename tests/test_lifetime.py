@@ -99,3 +99,21 @@ def test_a_live_process_that_is_not_the_parent_is_not_gone():
 def test_exit_with_parent_refuses_pids_that_name_groups(pid):
     with pytest.raises(ValueError, match="pid must be positive"):
         exit_with_parent(pid, threading.Event())
+
+
+def test_a_worker_process_that_dies_at_start_is_named_with_its_last_words(tmp_path, monkeypatch):
+    # every Python started with this PYTHONPATH (here: only the cluster's workers) dies at once
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, sys\nsys.stderr.write('no worker today: the disk is on fire\\n')\n"
+        "sys.stderr.flush()\nos._exit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    model = gf.models.digits_lc(batch=None)
+    plan = partition(model.graph, 2, "spatial", loss=model.loss)
+    t0 = time.monotonic()
+    with pytest.raises(gf.runtime.WorkerFailed,
+                       match="(?s)worker:0 exited with code 3 before answering 'hello'"
+                             ".*the disk is on fire") as failure:
+        Cluster(plan, mode="processes", timeout=60)
+    assert failure.value.worker == "worker:0"
+    # named once it is gone, not after the 60-s timeout, and the dead are not asked to shut down
+    assert time.monotonic() - t0 < 8

@@ -17,7 +17,9 @@ True
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -50,6 +52,10 @@ from graphflow.transport.rpc import RemoteError, RpcClient
 
 # a worker's failure because of another's (it waited for it, or was told): report the other
 SECONDARY = (f"{PeerTimeout.__name__}:", f"{PeerFailed.__name__}:")
+
+
+EXIT_CHECK = 1.0  # s between looks at whether a silent local worker process has exited
+LOG_TAIL = 4096  # bytes of a dead worker process's stderr quoted in the error
 
 
 def reply_grace(timeout: float) -> float:
@@ -163,7 +169,8 @@ class Cluster:
             else:
                 address = f"ipc://{self._tmp}/control{i}"
                 cpu = pins[i] if pins else None
-                self._procs.append(start_worker_process(address, self.local_workers, cpu))
+                self._procs.append(start_worker_process(address, self.local_workers, cpu,
+                                                        log=self._log(i)))
             addresses.append(address)
         return addresses
 
@@ -191,8 +198,33 @@ class Cluster:
 
     def _silent(self, i: int, method: str) -> WorkerFailed:
         return WorkerFailed(f"{self.names[i]} did not answer '{method}' within "
-                            f"{self.clients[i].timeout:g}s: it died or hangs",
-                            self.names[i], silent=True)
+                            f"{self.clients[i].timeout:g}s: it died or hangs"
+                            f"{self._log_tail(i)}", self.names[i], silent=True)
+
+    def _exited(self, i: int, method: str) -> WorkerFailed | None:
+        """A WorkerFailed if worker i is a local process that has exited."""
+        code = self._procs[i].poll() if i < len(self._procs) else None
+        if code is None:
+            return None
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else \
+            f"exited with code {code}"
+        return WorkerFailed(f"{self.names[i]} {how} before answering '{method}'"
+                            f"{self._log_tail(i)}", self.names[i], silent=True)
+
+    def _log(self, i: int) -> str:
+        return os.path.join(self._tmp or "", f"worker{i}.log")
+
+    def _log_tail(self, i: int) -> str:
+        """The last lines a local worker process wrote to stderr, as a suffix of an error."""
+        if i >= len(self._procs):
+            return ""
+        try:
+            with open(self._log(i), "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL))
+                lines = f.read().decode(errors="replace").strip().splitlines()[-8:]
+        except OSError:
+            return ""
+        return "; its last words:\n    " + "\n    ".join(lines) if lines else ""
 
     def _call(self, i: int, method: str, args: Mapping[str, Any]) -> Any:
         return self._gather(method, {i: self._send(i, method, args)})[i]
@@ -217,11 +249,16 @@ class Cluster:
         for i in pending:
             poller.register(self.clients[i].socket, zmq.POLLIN)
         while pending:
-            left = deadline - time.monotonic()
+            left = min(deadline - time.monotonic(), EXIT_CHECK)
             ready = dict(poller.poll(max(1, int(left * 1000)))) if left > 0 else {}
-            if not ready and time.monotonic() >= deadline:
-                errors += [self._silent(i, method) for i in pending]
-                break
+            if not ready:  # a worker process that died is named now, not at the deadline
+                dead = next(filter(None, (self._exited(i, method) for i in pending)), None)
+                if dead is not None:
+                    raise dead
+                if time.monotonic() >= deadline:
+                    errors += [self._silent(i, method) for i in pending]
+                    break
+                continue
             for i, rid in list(pending.items()):
                 if self.clients[i].socket not in ready:
                     continue
@@ -373,9 +410,10 @@ class Cluster:
         session = tracing.current()
         if session is not None and self.clients:
             session.leave(self)  # hand the workers' spans over while they are still there
-        for client in self.clients:
+        for i, client in enumerate(self.clients):
             try:
-                client.call("shutdown", timeout=min(self.timeout, 5.0))
+                if i >= len(self._procs) or self._procs[i].poll() is None:  # (not exited)
+                    client.call("shutdown", timeout=min(self.timeout, 5.0))
             except GraphflowError:
                 pass  # already gone
             client.close()

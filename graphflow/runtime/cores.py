@@ -53,15 +53,18 @@ def pinned_cores(plan: Plan, microbatches: int, local_workers: int,
     return cores[:plan.parts]
 
 
-def start_worker_process(address: str, local_workers: int,
-                         cpu: int | None = None) -> subprocess.Popen[bytes]:
+def start_worker_process(address: str, local_workers: int, cpu: int | None = None,
+                         log: str | None = None) -> subprocess.Popen[bytes]:
     """A local `graphflow worker` serving `address`: its share of the cores' threads, on CPU
-    `cpu` alone if given, and gone once this process is."""
+    `cpu` alone if given, and gone once this process is. Its stderr goes to the file `log`
+    (for the driver to quote when the worker dies), or nowhere."""
     pin = ["--cpu", str(cpu)] if cpu is not None else []
-    return subprocess.Popen(
-        [sys.executable, "-m", "graphflow.cli", "worker", "--listen", address,
-         "--exit-with-parent", str(os.getpid()), *pin],
-        stderr=subprocess.DEVNULL, env=worker_env(local_workers))
+    argv = [sys.executable, "-m", "graphflow.cli", "worker", "--listen", address,
+            "--exit-with-parent", str(os.getpid()), *pin]
+    if log is None:
+        return subprocess.Popen(argv, stderr=subprocess.DEVNULL, env=worker_env(local_workers))
+    with open(log, "wb") as err:  # (the child keeps its own copy of the file)
+        return subprocess.Popen(argv, stderr=err, env=worker_env(local_workers))
 
 
 def worker_env(workers: int) -> dict[str, str]:
