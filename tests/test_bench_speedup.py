@@ -52,6 +52,10 @@ def test_quick_run_writes_points_json_and_png(tmp_path, capsys):
             # the share of the machine's ceiling (two independent 1-worker clusters) it reaches
             assert p["of_ceiling"] == pytest.approx(p["speedup"] / wl["ceiling"]["ratio"]), key
     assert wl["ceiling"]["ratio"] > 0
+    # the calibration the predictions used: one retimed sample a kernel signature a round
+    cal = wl["calibration"]
+    assert cal["update_Bps"] > 0 and cal["flop_rates"]["*"] > 0 and cal["kernel_s"]
+    assert all(len(t) == 1 for t in cal["kernel_s"].values())
     # the pipelined point says how fast its micro-batches' kernels run (timed at batch 8 here,
     # so only its presence is checked; its arithmetic is test_microbatch_rate's)
     assert points["layerwise+eager", 2]["microbatch_rate"] > 0
