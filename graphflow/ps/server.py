@@ -27,6 +27,7 @@ from pathlib import Path
 import zmq
 
 from graphflow.errors import GraphflowError
+from graphflow.lifetime import how_it_ended, log_tail
 from graphflow.ps.shard import Shard
 from graphflow.transport.endpoint import PeerTimeout
 from graphflow.transport.rpc import RemoteError, RpcClient, RpcServer
@@ -170,10 +171,7 @@ class ShardProcess:
         return self.proc.poll()
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return log_tail(self.log_path, lines)
 
     def __enter__(self) -> ShardProcess:
         return self
@@ -228,7 +226,7 @@ def _wait_answering(shard: ShardProcess, offset: int, timeout: float) -> str:
     address = ""
     while time.monotonic() < deadline:
         if not shard.alive():
-            raise ShardStartError(f"shard {shard.index} exited with code {shard.proc.returncode}"
+            raise ShardStartError(f"shard {shard.index} {how_it_ended(shard.proc.returncode)}"
                                   f" while starting; its log:\n{shard.log_tail()}")
         if not address:
             with open(shard.log_path, "rb") as f:

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 from graphflow.errors import GraphflowError
+from graphflow.lifetime import how_it_ended
 from graphflow.ps.server import ShardProcess, ShardThread, start_shard_process
 
 log = logging.getLogger("graphflow.replicas")
@@ -88,7 +89,7 @@ class ShardGroup:
             for i, proc in enumerate(list(self._procs)):
                 if proc.alive() or self._closing.is_set():
                     continue
-                what = (f"shard {i} (pid {proc.pid}) died with exit code {proc.proc.returncode}; "
+                what = (f"shard {i} (pid {proc.pid}) {how_it_ended(proc.proc.returncode)}; "
                         f"restarting it from its checkpoint in {self.checkpoint_dir}")
                 log.error(what)
                 try:

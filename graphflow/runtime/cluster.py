@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
-import time
 import uuid
 import weakref
 from collections import deque
@@ -35,27 +33,20 @@ import numpy as np
 import zmq
 
 from graphflow.errors import GraphflowError
+from graphflow.lifetime import how_it_ended, log_tail
 from graphflow.partitioners.plan import Plan
 from graphflow.runtime import pipeline
+from graphflow.runtime.calls import WorkerCalls
 from graphflow.runtime.clusterfile import read_cluster_file
 from graphflow.runtime.cores import BLAS_LIMIT, pinned_cores, start_worker_process
 from graphflow.runtime.heap import keep_freed_memory
 from graphflow.runtime.inflight import FeedBuffers, SentStep
-from graphflow.runtime.mailbox import PeerFailed
 from graphflow.runtime.service import serve
 from graphflow.runtime.worker import worker_name
 from graphflow.serialize import graph_to_dict
 from graphflow.trace import session as tracing
 from graphflow.trace.recorder import clock
-from graphflow.transport.endpoint import PeerTimeout
-from graphflow.transport.rpc import RemoteError, RpcClient
-
-# a worker's failure because of another's (it waited for it, or was told): report the other
-SECONDARY = (f"{PeerTimeout.__name__}:", f"{PeerFailed.__name__}:")
-
-
-EXIT_CHECK = 1.0  # s between looks at whether a silent local worker process has exited
-LOG_TAIL = 4096  # bytes of a dead worker process's stderr quoted in the error
+from graphflow.transport.rpc import RpcClient
 
 
 def reply_grace(timeout: float) -> float:
@@ -72,14 +63,6 @@ def _reap(procs: list[subprocess.Popen[bytes]], tmp: str | None, feeds: FeedBuff
             p.wait()
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-class WorkerFailed(GraphflowError):
-    """A worker died, hung or failed a step. `.worker` names it."""
-
-    def __init__(self, message: str, worker: str, silent: bool = False) -> None:
-        super().__init__(message)
-        self.worker, self.silent = worker, silent  # silent: it did not answer at all
 
 
 class Cluster:
@@ -135,6 +118,7 @@ class Cluster:
             # driver waits a little longer, so only a dead or hung worker fails to answer
             self.clients = [RpcClient(a, n, timeout + reply_grace(timeout), self.context)
                             for a, n in zip(self.control, self.names, strict=True)]
+            self._calls = WorkerCalls(self.clients, self.names, self._ended, self._last_words)
             self._load(optimizer)
         except BaseException:
             self.close()
@@ -190,98 +174,26 @@ class Cluster:
         data = self._call_each("load", loads)
         self._call_all("connect", {"peers": dict(zip(self.names, data, strict=True))})
 
-    # -- calls --------------------------------------------------------------------------------
-    def _failure(self, i: int, method: str, e: PeerTimeout | RemoteError) -> WorkerFailed:
-        if isinstance(e, PeerTimeout):
-            return self._silent(i, method)
-        return WorkerFailed(f"{self.names[i]} failed '{method}': {e.remote}", self.names[i])
-
-    def _silent(self, i: int, method: str) -> WorkerFailed:
-        return WorkerFailed(f"{self.names[i]} did not answer '{method}' within "
-                            f"{self.clients[i].timeout:g}s: it died or hangs"
-                            f"{self._log_tail(i)}", self.names[i], silent=True)
-
-    def _exited(self, i: int, method: str) -> WorkerFailed | None:
-        """A WorkerFailed if worker i is a local process that has exited."""
+    # -- calls (runtime/calls.py) ---------------------------------------------------------------
+    def _ended(self, i: int) -> str:
+        """How worker i's local process ended ("" while it runs, or if it is no process here)."""
         code = self._procs[i].poll() if i < len(self._procs) else None
-        if code is None:
-            return None
-        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else \
-            f"exited with code {code}"
-        return WorkerFailed(f"{self.names[i]} {how} before answering '{method}'"
-                            f"{self._log_tail(i)}", self.names[i], silent=True)
+        return "" if code is None else how_it_ended(code)
+
+    def _last_words(self, i: int) -> str:
+        return log_tail(self._log(i), lines=8) if i < len(self._procs) else ""
 
     def _log(self, i: int) -> str:
         return os.path.join(self._tmp or "", f"worker{i}.log")
 
-    def _log_tail(self, i: int) -> str:
-        """The last lines a local worker process wrote to stderr, as a suffix of an error."""
-        if i >= len(self._procs):
-            return ""
-        try:
-            with open(self._log(i), "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL))
-                lines = f.read().decode(errors="replace").strip().splitlines()[-8:]
-        except OSError:
-            return ""
-        return "; its last words:\n    " + "\n    ".join(lines) if lines else ""
-
     def _call(self, i: int, method: str, args: Mapping[str, Any]) -> Any:
-        return self._gather(method, {i: self._send(i, method, args)})[i]
-
-    def _send(self, i: int, method: str, args: Mapping[str, Any]) -> int:
-        try:
-            return self.clients[i].send(method, **args)
-        except PeerTimeout as e:
-            raise self._failure(i, method, e) from e
-
-    def _gather(self, method: str, sent: Mapping[int, int]) -> dict[int, Any]:
-        """The replies to `sent` (worker -> request id), taken as they come until one deadline:
-        the workers run side by side, and a dead one is named within the timeout.
-
-        A worker that fails on its own (a kernel, a feed) is reported at once; its peers, told
-        by it, abandon the step too (PeerFailed). Otherwise a silent worker is named before the
-        peers that timed out waiting for it."""
-        deadline = time.monotonic() + max(self.clients[i].timeout for i in sent)
-        pending = dict(sent)
-        results, errors = {}, []
-        poller = zmq.Poller()
-        for i in pending:
-            poller.register(self.clients[i].socket, zmq.POLLIN)
-        while pending:
-            left = min(deadline - time.monotonic(), EXIT_CHECK)
-            ready = dict(poller.poll(max(1, int(left * 1000)))) if left > 0 else {}
-            if not ready:  # a worker process that died is named now, not at the deadline
-                dead = next(filter(None, (self._exited(i, method) for i in pending)), None)
-                if dead is not None:
-                    raise dead
-                if time.monotonic() >= deadline:
-                    errors += [self._silent(i, method) for i in pending]
-                    break
-                continue
-            for i, rid in list(pending.items()):
-                if self.clients[i].socket not in ready:
-                    continue
-                try:
-                    results[i] = self.clients[i].receive(rid, method, 0)
-                except PeerTimeout:
-                    continue  # only a late reply to an abandoned call was there
-                except RemoteError as e:
-                    if not e.remote.startswith(SECONDARY):
-                        raise self._failure(i, method, e) from e
-                    errors.append(self._failure(i, method, e))
-                del pending[i]
-                poller.unregister(self.clients[i].socket)
-        if errors:
-            raise next((e for e in errors if e.silent), errors[0])
-        return {i: results[i] for i in sent}  # in the workers' order, not the replies'
+        return self._calls.call(i, method, args)
 
     def _call_each(self, method: str, args: Sequence[Mapping[str, Any]]) -> list[Any]:
-        sent = {i: self._send(i, method, a) for i, a in enumerate(args)}
-        return list(self._gather(method, sent).values())
+        return self._calls.call_each(method, args)
 
     def _call_all(self, method: str, args: Mapping[str, Any]) -> list[Any]:
-        return self._call_each(method, [args] * self.plan.parts)
+        return self._calls.call_each(method, [args] * self.plan.parts)
 
     def call_each(self, method: str, args: Sequence[Mapping[str, Any]]) -> list[Any]:
         """Call a WorkerService method on every worker, worker i with args[i]."""
@@ -349,7 +261,7 @@ class Cluster:
         rows = self._batch_rows(feeds)
         step = SentStep(self.step_count, {}, traced, clock())
         for i in range(self.plan.parts):
-            step.requests[i] = self._send(i, "step", {
+            step.requests[i] = self._calls.send(i, "step", {
                 "feeds": self._feed_buffers.cut(self.plan, step, i, feeds), "fetches": wanted[i],
                 "step": step.number, "train": train, "check_numerics": check_numerics,
                 "microbatches": self.microbatches, "schedule": self.schedule, "rows": rows})
@@ -370,7 +282,7 @@ class Cluster:
 
     def _finish_step(self, step: SentStep) -> dict[str, np.ndarray]:
         t0 = max(step.sent, self._finished)  # (a streamed step waited for the one before)
-        results = self._gather("step", step.requests)
+        results = self._calls.gather("step", step.requests)
         self._feed_buffers.give_back(step)  # (a failed step's are dropped: zmq may hold them)
         self._finished = clock()
         if (session := tracing.current()) is not None:
@@ -412,7 +324,7 @@ class Cluster:
             session.leave(self)  # hand the workers' spans over while they are still there
         for i, client in enumerate(self.clients):
             try:
-                if i >= len(self._procs) or self._procs[i].poll() is None:  # (not exited)
+                if not self._ended(i):
                     client.call("shutdown", timeout=min(self.timeout, 5.0))
             except GraphflowError:
                 pass  # already gone

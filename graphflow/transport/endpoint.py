@@ -282,18 +282,14 @@ class Endpoint:
             return None
         # Frame by frame, not recv_multipart: 3.3 us a message against 5.5 (the header as bytes,
         # one RCVMORE look). A message's frames arrive together, so these never wait.
-        frames = 1
-        if self._pull.getsockopt(zmq.RCVMORE):
-            buffer = self._pull.recv(zmq.NOBLOCK, copy=False)
-            frames += 1
-            more = buffer.more
-            while more:
-                more = self._pull.recv(zmq.NOBLOCK, copy=False).more
-                frames += 1
-        if frames != 2:
-            raise FrameError(f"{self.name}: received a message of {frames} frames, "
+        frames, more = [header], self._pull.getsockopt(zmq.RCVMORE)
+        while more:  # (the rest of a malformed message is consumed too)
+            frames.append(self._pull.recv(zmq.NOBLOCK, copy=False))
+            more = frames[-1].more
+        if len(frames) != 2:
+            raise FrameError(f"{self.name}: received a message of {len(frames)} frames, "
                              "expected 2 (header, buffer)")
-        return decode_tensor(header, buffer)
+        return decode_tensor(*frames)
 
     def recv(self, key: str, expect_from: str, timeout: float | None = None,
              step: int | None = None) -> np.ndarray:

@@ -1,0 +1,118 @@
+"""The driver's calls to its workers: sent to several at once, replies gathered under one
+deadline, and a failed, dead or silent worker named (`WorkerFailed`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import zmq
+
+from graphflow.errors import GraphflowError
+from graphflow.runtime.mailbox import PeerFailed
+from graphflow.transport.endpoint import PeerTimeout
+from graphflow.transport.rpc import RemoteError, RpcClient
+
+# a worker's failure because of another's (it waited for it, or was told): report the other
+SECONDARY = (f"{PeerTimeout.__name__}:", f"{PeerFailed.__name__}:")
+EXIT_CHECK = 1.0  # s between looks at whether a silent worker's process has ended
+
+
+class WorkerFailed(GraphflowError):
+    """A worker died, hung or failed a step. `.worker` names it."""
+
+    def __init__(self, message: str, worker: str, silent: bool = False) -> None:
+        super().__init__(message)
+        self.worker, self.silent = worker, silent  # silent: it did not answer at all
+
+
+def _nothing(i: int) -> str:
+    return ""
+
+
+class WorkerCalls:
+    """RPC calls to the workers behind `clients` (named `names`). `ended(i)` says how worker
+    i's process ended ("" while it runs, or where nobody can tell: threads, other hosts), and
+    `last_words(i)` what it last wrote; both go into the error that names it."""
+
+    def __init__(self, clients: Sequence[RpcClient], names: Sequence[str],
+                 ended: Callable[[int], str] = _nothing,
+                 last_words: Callable[[int], str] = _nothing) -> None:
+        self.clients, self.names = clients, names
+        self.ended, self.last_words = ended, last_words
+
+    def call(self, i: int, method: str, args: Mapping[str, Any]) -> Any:
+        return self.gather(method, {i: self.send(i, method, args)})[i]
+
+    def call_each(self, method: str, args: Sequence[Mapping[str, Any]]) -> list[Any]:
+        """Worker i's reply to `method(**args[i])`, for every worker, in the workers' order."""
+        sent = {i: self.send(i, method, a) for i, a in enumerate(args)}
+        return list(self.gather(method, sent).values())
+
+    def send(self, i: int, method: str, args: Mapping[str, Any]) -> int:
+        """Send the call to worker i; its request id (for `gather`)."""
+        try:
+            return self.clients[i].send(method, **args)
+        except PeerTimeout as e:
+            raise self._failure(i, method, e) from e
+
+    def gather(self, method: str, sent: Mapping[int, int]) -> dict[int, Any]:
+        """The replies to `sent` (worker -> request id), taken as they come until one deadline:
+        the workers run side by side, and a dead one is named within the timeout (a local
+        process that ended, within a second).
+
+        A worker that fails on its own (a kernel, a feed) is reported at once; its peers, told
+        by it, abandon the step too (PeerFailed). Otherwise a silent worker is named before the
+        peers that timed out waiting for it."""
+        deadline = time.monotonic() + max(self.clients[i].timeout for i in sent)
+        pending = dict(sent)
+        results, errors = {}, []
+        poller = zmq.Poller()
+        for i in pending:
+            poller.register(self.clients[i].socket, zmq.POLLIN)
+        while pending:
+            left = min(deadline - time.monotonic(), EXIT_CHECK)
+            ready = dict(poller.poll(max(1, int(left * 1000)))) if left > 0 else {}
+            if not ready:
+                gone = next((i for i in pending if self.ended(i)), None)
+                if gone is not None:
+                    raise self._ended(gone, method)
+                if time.monotonic() >= deadline:
+                    errors += [self._silent(i, method) for i in pending]
+                    break
+                continue
+            for i, rid in list(pending.items()):
+                if self.clients[i].socket not in ready:
+                    continue
+                try:
+                    results[i] = self.clients[i].receive(rid, method, 0)
+                except PeerTimeout:
+                    continue  # only a late reply to an abandoned call was there
+                except RemoteError as e:
+                    if not e.remote.startswith(SECONDARY):
+                        raise self._failure(i, method, e) from e
+                    errors.append(self._failure(i, method, e))
+                del pending[i]
+                poller.unregister(self.clients[i].socket)
+        if errors:
+            raise next((e for e in errors if e.silent), errors[0])
+        return {i: results[i] for i in sent}  # in the workers' order, not the replies'
+
+    def _failure(self, i: int, method: str, e: PeerTimeout | RemoteError) -> WorkerFailed:
+        if isinstance(e, PeerTimeout):
+            return self._silent(i, method)
+        return WorkerFailed(f"{self.names[i]} failed '{method}': {e.remote}", self.names[i])
+
+    def _silent(self, i: int, method: str) -> WorkerFailed:
+        return WorkerFailed(f"{self.names[i]} did not answer '{method}' within "
+                            f"{self.clients[i].timeout:g}s: it died or hangs"
+                            f"{self._quote(i)}", self.names[i], silent=True)
+
+    def _ended(self, i: int, method: str) -> WorkerFailed:
+        return WorkerFailed(f"{self.names[i]} {self.ended(i)} before answering '{method}'"
+                            f"{self._quote(i)}", self.names[i], silent=True)
+
+    def _quote(self, i: int) -> str:
+        words = self.last_words(i)
+        return "; its last words:\n    " + words.replace("\n", "\n    ") if words else ""
