@@ -65,6 +65,7 @@ def test_streamed_steps_cut_feeds_into_reused_arrays_without_mixing_steps(monkey
     """Over processes the driver cuts each worker's rows into arrays it used for a step already
     answered (no fresh pages each step); streamed steps, each on its own batch, still give the
     losses of a run whose every cut is a new array (threads)."""
+    from graphflow.runtime.calls import WorkerCalls
     from graphflow.runtime.cluster import Cluster as Driver
 
     model = gf.models.digits_lc(batch=None)
@@ -73,7 +74,7 @@ def test_streamed_steps_cut_feeds_into_reused_arrays_without_mixing_steps(monkey
     data = [{"x": rng.standard_normal((8, 1, 32, 32), dtype=np.float32),
              "y": rng.integers(0, 10, 8).astype(np.int32)} for _ in range(6)]
     cuts: list[int] = []  # the arrays the workers' rows were cut into, step after step
-    send = Driver._send
+    send = WorkerCalls.send  # (the driver's calls: runtime/calls.py)
 
     def spy(self, i, method, args):
         if method == "step":
@@ -83,10 +84,10 @@ def test_streamed_steps_cut_feeds_into_reused_arrays_without_mixing_steps(monkey
     losses = {}
     for mode in ("threads", "processes"):
         with Driver(plan, mode=mode, optimizer={"name": "sgd", "lr": 0.05}, timeout=60) as c:
-            monkeypatch.setattr(Driver, "_send", spy)
+            monkeypatch.setattr(WorkerCalls, "send", spy)
             cuts.clear()
             losses[mode] = [out[plan.loss] for out in c.stream(data)]
-            monkeypatch.setattr(Driver, "_send", send)
+            monkeypatch.setattr(WorkerCalls, "send", send)
             ids = list(cuts)
     # one step is sent ahead, so two steps' arrays take turns: step 2 reuses step 0's, ...
     steps = [set(ids[k:k + 2]) for k in range(0, len(ids), 2)]
