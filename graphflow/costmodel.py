@@ -162,8 +162,9 @@ class CostModel:
 
     def use_times(self, samples: Mapping[str, Sequence[float]]) -> None:
         """Take the median of each measured signature's samples as its time; refit. (A
-        benchmark times the kernels again between its measured steps, `timing.time_nodes`, so
-        kernel and step times see the same state of a shared machine.)"""
+        benchmark times the kernels again between its measured steps, in its workers'
+        processes, `WorkerService.time_kernels`, so kernel and step times see the same state
+        of a shared machine.)"""
         for sig, times in samples.items():
             if sig in self.measured and times:
                 self.measured[sig][0] = statistics.median(times)

@@ -14,7 +14,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import numpy as np
 
 from graphflow.ir import Node
 from graphflow.ops.registry import REGISTRY, concrete
+from graphflow.serialize import decode_value, encode_value
 
 UPDATE_PASSES = 3  # an SGD update reads the parameter and its gradient, writes the parameter
 
@@ -69,17 +70,26 @@ def _random_input(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) 
     return (rng.random(shape, dtype=dtype) + 0.5).astype(dtype, copy=False)
 
 
-def time_nodes(nodes: Mapping[str, Node], batch: int, repeats: int) -> dict[str, float]:
-    """Median seconds of each node's forward kernel on random inputs: one warm-up pass, then
-    `repeats` passes over all nodes (so a neighbour's burst spreads over many nodes)."""
+def kernel_specs(nodes: Mapping[str, Node], batch: int) -> list[dict[str, Any]]:
+    """Each node's forward kernel as plain data, keyed by its signature: op, concrete input
+    shapes and dtypes, attrs (so another process can time it: `time_kernels`)."""
+    return [{"sig": sig, "op": n.op, "attrs": encode_value(n.attrs),
+             "inputs": [[list(concrete(x.shape, batch)), x.dtype] for x in n.inputs]}
+            for sig, n in nodes.items()]
+
+
+def time_kernels(specs: Sequence[Mapping[str, Any]], repeats: int) -> dict[str, float]:
+    """Median seconds of each kernel (`kernel_specs`) on random inputs: one warm-up pass, then
+    `repeats` passes over all kernels (so a neighbour's burst spreads over many kernels)."""
     rng, arrays = np.random.default_rng(0), {}  # inputs of one shape and dtype are shared
     runs = {}
-    for sig, n in nodes.items():
-        keys = [(concrete(x.shape, batch), x.dtype) for x in n.inputs]
+    for spec in specs:
+        keys = [(tuple(shape), dtype) for shape, dtype in spec["inputs"]]
         for k in keys:
             if k not in arrays:
                 arrays[k] = _random_input(*k, rng)
-        runs[sig] = (REGISTRY[n.op].forward, [arrays[k] for k in keys], n.attrs)
+        runs[spec["sig"]] = (REGISTRY[spec["op"]].forward, [arrays[k] for k in keys],
+                             decode_value(spec["attrs"]))
     times: dict[str, list[float]] = {sig: [] for sig in runs}
     for rep in range(max(repeats, 1) + 1):
         for sig, (forward, ins, attrs) in runs.items():
@@ -88,6 +98,11 @@ def time_nodes(nodes: Mapping[str, Node], batch: int, repeats: int) -> dict[str,
             if rep:
                 times[sig].append(time.perf_counter() - t0)
     return {sig: statistics.median(t) for sig, t in times.items()}
+
+
+def time_nodes(nodes: Mapping[str, Node], batch: int, repeats: int) -> dict[str, float]:
+    """`time_kernels` of the nodes' kernels at `batch`, in this process."""
+    return time_kernels(kernel_specs(nodes, batch), repeats)
 
 
 def time_update(repeats: int, size: int = 1 << 24, streams: int = 1) -> float:

@@ -56,6 +56,9 @@ def test_quick_run_writes_points_json_and_png(tmp_path, capsys):
     cal = wl["calibration"]
     assert cal["update_Bps"] > 0 and cal["flop_rates"]["*"] > 0 and cal["kernel_s"]
     assert all(len(t) == 1 for t in cal["kernel_s"].values())
+    # ... and of the update rates, timed in the round's 1-worker cluster; their medians used
+    assert cal["update_Bps_samples"] == [cal["update_Bps"]]
+    assert cal["update_shared_Bps_samples"] == [cal["update_shared_Bps"]]
     # the pipelined point says how fast its micro-batches' kernels run (timed at batch 8 here,
     # so only its presence is checked; its arithmetic is test_microbatch_rate's)
     assert points["layerwise+eager", 2]["microbatch_rate"] > 0

@@ -230,6 +230,28 @@ def test_calibration_smoke_and_cache(tmp_path, monkeypatch):
     assert again.node_seconds(n) == cm.node_seconds(n, 8)
 
 
+def test_a_worker_process_times_the_kernels_a_driver_ships_it():
+    # `graphflow bench speedup` times kernels where its steps run, not in the driver
+    from graphflow.costmodel import kernels
+    from graphflow.partitioners import partition
+    from graphflow.timing import kernel_specs
+
+    m = gf.models.digits_lc(batch=None)
+    plan = partition(m.graph, 1, "layerwise", loss=m.loss)
+    with gf.Graph() as g:  # a kernel the worker's own plan does not have, small and large
+        gf.matmul(gf.placeholder("a", (8, 16)), gf.placeholder("b", (16, 16)), name="small")
+        gf.matmul(gf.placeholder("c", (256, 512)), gf.placeholder("d", (512, 512)),
+                  name="large")
+    shipped = {**kernels(plan.graph, 8), **kernels(g, 8)}
+    with gf.Cluster(plan, mode="processes", timeout=60) as cluster:
+        got = cluster.call_all("time_kernels", {"kernels": kernel_specs(shipped, 8)})[0]
+    assert set(got["kernel_s"]) == set(shipped)  # local2d's tuple attrs went through msgpack
+    assert all(t > 0 for t in got["kernel_s"].values())
+    small, large = (got["kernel_s"][signature(g[n], 8)] for n in ("small", "large"))
+    assert large > 20 * small  # 1000x the FLOPs: the shapes were the shipped ones
+    assert got["update_Bps"] > 0 and got["update_shared_Bps"] > 0
+
+
 def test_a_stream_of_steps_overlaps_them_each_worker_starting_when_its_own_step_ends():
     with gf.Graph() as g:
         x = gf.placeholder("x", (None, 1000))

@@ -17,11 +17,13 @@ speedup = median 1-worker step / median step, and "paired" is the median over ro
 round's 1-worker step over the point's step (steadier when the machine's speed drifts between
 rounds); "of ceiling" is a 2-worker speedup over the ceiling (what the split itself costs,
 apart from the cores' contention, which varies from hour to hour). The cost model's kernels
-are timed again after every round and predictions use their medians: a shared machine's speed
-drifts within minutes, and a calibration made once, before the rounds, missed by 30-40% when it
-did. A pipelined prediction
-runs the schedule through `graphflow.runtime.pipeline.simulate` with the cost model's per-stage
-forward, backward and weight-gradient times. By default the pipelined row runs the
+and the optimizer's update rates are timed again after every round, in that round's lone
+1-worker cluster's process (so in three processes by turns), and predictions use their medians:
+a shared machine's speed drifts within minutes, and a calibration made once, before the rounds,
+missed by 30-40% when it did; a slow process's times stay in the minority (timed in the driver
+alone, one run predicted speech-mlp's whole-layer points 23-39% slow). A pipelined
+prediction runs the schedule through `graphflow.runtime.pipeline.simulate` with the cost
+model's per-stage forward, backward and weight-gradient times. By default the pipelined row runs the
 micro-batch count (of 2, 3, 4 and 8, those predicted within 30% of the best) that was fastest
 in a short trial of each before the rounds, on three clusters a count, going by each count's
 fastest cluster (a fresh cluster now and then runs slow, whatever its count); the predictions
@@ -74,7 +76,7 @@ from graphflow.prediction import (
 from graphflow.progress import Progress
 from graphflow.runtime.cluster import Cluster
 from graphflow.runtime.pipeline import SCHEDULES
-from graphflow.timing import time_nodes
+from graphflow.timing import kernel_specs
 from graphflow.trace import recording
 
 WORKLOADS = ("lc-large", "speech-mlp", "digits-lc")
@@ -275,15 +277,22 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
                 points[i]["error"] = f"{type(e).__name__}: {e}"
             bar.update()
         cost = CostModel.default(args.batch)  # every kernel shape of the plans is cached now
+        specs = [spec for b, nodes in retimed.items() for spec in kernel_specs(nodes, b)]
         samples: dict[str, list[float]] = {}
+        updates: dict[str, list[float]] = {"update_Bps": [], "update_shared_Bps": []}
 
-        def retime() -> None:
-            for b, nodes in retimed.items():
-                for sig, seconds in time_nodes(nodes, b, repeats=1).items():
-                    samples.setdefault(sig, []).append(seconds)
+        def retime(r: int) -> None:  # in this round's lone 1-worker cluster's process
+            got = ones[r % len(ones)].call_all("time_kernels", {"kernels": specs})[0]
+            for sig, seconds in got["kernel_s"].items():
+                samples.setdefault(sig, []).append(seconds)
+            for rate, values in updates.items():
+                values.append(got[rate])
 
         ceiling = time_rounds(ones, running, points, feeds, args, bar, retime)
     cost.use_times(samples)
+    if updates["update_Bps"]:
+        cost.update_Bps = statistics.median(updates["update_Bps"])
+        cost.update_shared_Bps = statistics.median(updates["update_shared_Bps"])
     cost.save()  # (graphflow show and later runs start from these)
     # workers on this machine share its memory and caches: how much slower a step runs beside
     # another, from the ceiling's rounds, slows the time two workers compute at once
@@ -327,7 +336,9 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
             "calibration": {"update_Bps": cost.update_Bps,
                             "update_shared_Bps": cost.update_shared_Bps,
                             "flop_rates": cost.flop_rates, "bandwidth_Bps": cost.bandwidth_Bps,
-                            "kernel_s": {sig: sorted(t) for sig, t in samples.items()}}}
+                            # round r's samples, of 1-worker cluster r % len(ones)'s process
+                            "clusters": len(ones), "kernel_s": samples,
+                            **{f"{rate}_samples": v for rate, v in updates.items()}}}
 
 
 def _table_row(workload: str, pt: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from graphflow.runtime.worker import Worker, make_optimizer, worker_name
 if TYPE_CHECKING:
     from graphflow.replicas.link import AllReduceLink, PSLink
 from graphflow.serialize import graph_from_dict
+from graphflow.timing import time_kernels, time_update
 from graphflow.trace.recorder import EXECUTOR, Recorder, activate, bind_thread, clock, deactivate
 from graphflow.transport.endpoint import Endpoint
 from graphflow.transport.rpc import RpcServer
@@ -61,8 +62,8 @@ class WorkerService:
                 "step": self.step, "get_params": self.get_params, "set_params": self.set_params,
                 "ps_attach": self.ps_attach, "ps_flush": self.ps_flush, "ar_bind": self.ar_bind,
                 "ar_attach": self.ar_attach, "stats": self.stats, "shutdown": self.shutdown,
-                "trace_start": self.trace_start, "trace_clock": self.trace_clock,
-                "trace_take": self.trace_take}
+                "time_kernels": self.time_kernels, "trace_start": self.trace_start,
+                "trace_clock": self.trace_clock, "trace_take": self.trace_take}
 
     def _loaded(self) -> Worker:
         if self.worker is None:
@@ -192,6 +193,14 @@ class WorkerService:
         mail = self._loaded().mail
         return {"bytes_sent": mail.bytes_sent, "bytes_received": mail.bytes_received,
                 "sent_keys": list(mail.sent_keys)}
+
+    def time_kernels(self, kernels: Sequence[Mapping[str, Any]],
+                     repeats: int = 1) -> dict[str, Any]:
+        """Time kernels (`timing.kernel_specs`) and the optimizer's update rates in this
+        worker's process: a benchmark calibrates where its steps run, in several processes
+        (a freshly started process now and then runs 10-30% slow for its whole life)."""
+        return {"kernel_s": time_kernels(kernels, repeats), "update_Bps": time_update(repeats),
+                "update_shared_Bps": time_update(repeats, streams=2)}
 
     # -- tracing (graphflow/trace): on only between trace_start and trace_take(stop=True) ----
     def _set_trace(self, recorder: Recorder | None) -> None:
