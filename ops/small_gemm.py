@@ -9,9 +9,10 @@ dense layer on a micro-batch of 16) the packing costs as much as the multiply. H
   1.5-1.8x faster (the rows in a vector's lanes, no dot products to sum up).
 - `matmul_nn`, out = a @ b (the forward, y = x @ w): 4 rows of `out` by 64 columns stay in
   16 vector registers (`simd`) while the kernel walks down `b`'s rows, a block of `b` at a
-  time that stays in L2 while every row block of `a` passes over it, and a later block is
-  prefetched meanwhile. Same shapes: 74 / 79 GFLOP/s at 16 / 64 rows (46 / 68 without the
-  prefetch, in the same run), where BLAS runs 45 / 82.
+  time that stays in L2 while every row block of `a` passes over it (from 32 rows, over a
+  copy of each panel in L1 that the first row block makes), and a later block is prefetched
+  meanwhile. Same shapes: 74 / 79 GFLOP/s at 16 / 64 rows (46 / 68 without the prefetch, in
+  the same run), where BLAS runs 45 / 82; with the copy, 64 rows ran 200 GFLOP/s.
 
 BLAS wins again from ~128 rows: see `wins`.
 """
@@ -33,6 +34,8 @@ CHUNK_COLS = 1024  # `matmul_nn` works on b in blocks of BLOCK_ROWS x CHUNK_COLS
 BLOCK_ROWS = 128   # out in chunks of CHUNK_COLS columns (<= 256 KB): both stay in a core's
                    # 1 MB L2. Whole-width blocks let a wide b's out spill (2560 x 8192 at 64
                    # rows: 63 GFLOP/s, against 80 in chunks; 2560-wide b alike, 89-90)
+KEEP_ROWS = 32     # from this many rows `matmul_nn` reads each b panel once (see there)
+NOWHERE = np.empty(0, np.float32)  # the `keep` of a `_nn_rows4` that keeps no copy
 AHEAD = 3          # `matmul_nn` prefetches the b panel it takes this many panels later
 
 
@@ -111,20 +114,26 @@ def matmul_nt(a: np.ndarray, b: np.ndarray, out: np.ndarray, zero: float) -> Non
 
 @njit(nogil=True, cache=True, inline="always")
 def _nn_rows4(a: np.ndarray, b: np.ndarray, o: np.ndarray, i: int, j: int, n: int, k0: int,
-              k1: int, b_at: int, b_step: int, ahead: int) -> None:
+              k1: int, b_at: int, b_step: int, ahead: int, lines: int,
+              keep: np.ndarray) -> None:
     """o[i:i+4, j:j+64] += a[i:i+4, k0:k1] @ b's panel (o flat, n columns; b flat, row p of
     the panel at b_at + p * b_step: a row of b, or of a packed copy, ops/packed_gemm.py); on
-    the way, the cache line `ahead` floats on from each row goes to L2."""
+    the way, `lines` cache lines from `ahead` floats on from each row go to L2, and with a
+    `keep` the panel's rows are copied into it one after another (packed)."""
     last = b.size - 1
     r0, r1, r2, r3 = i * n + j, (i + 1) * n + j, (i + 2) * n + j, (i + 3) * n + j
     c00, c01, c02, c03 = vload(o, r0), vload(o, r0 + 16), vload(o, r0 + 32), vload(o, r0 + 48)
     c10, c11, c12, c13 = vload(o, r1), vload(o, r1 + 16), vload(o, r1 + 32), vload(o, r1 + 48)
     c20, c21, c22, c23 = vload(o, r2), vload(o, r2 + 16), vload(o, r2 + 32), vload(o, r2 + 48)
     c30, c31, c32, c33 = vload(o, r3), vload(o, r3 + 16), vload(o, r3 + 32), vload(o, r3 + 48)
+    keeping = keep.size > 0
     for p in range(k0, k1):
         q = b_at + p * b_step
-        prefetch(b, min(q + ahead, last))
+        for line in range(lines):
+            prefetch(b, min(q + ahead + line * LANES, last))
         b0, b1, b2, b3 = vload(b, q), vload(b, q + 16), vload(b, q + 32), vload(b, q + 48)
+        if keeping:
+            vstore4(keep, (p - k0) * PANEL, b0, b1, b2, b3)
         x = vsplat(a[i, p])
         c00, c01, c02, c03 = vfma(x, b0, c00), vfma(x, b1, c01), vfma(x, b2, c02), vfma(x, b3, c03)
         x = vsplat(a[i + 1, p])
@@ -178,12 +187,20 @@ def matmul_nn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
     is multiplied, each row block pulls one line a row of a later panel into L2 (4 row blocks
     cover its 4 lines). At 16 / 32 / 64 rows against 2560 x 8192 that measured 1.5 / 1.3 /
     1.1x faster (median of 21 paired runs; one panel ahead was slower, two to eight alike).
+
+    From KEEP_ROWS rows on, only the first row block reads b: it copies each panel row into
+    `kept` (32 KB, in L1) as it goes and asks for all 4 lines ahead, and the other row blocks
+    read the copy. A 2560 x 8192 b's panel rows lie 32 KB apart, so they share a few cache
+    sets, and how few depends on where a process's pages fell: at 64 rows, 16 row blocks each
+    reading b ran 16-28 ms in six worker processes, reading it once 13.4-16.8 (15.7-16.1
+    against 13.4 in one process). Below KEEP_ROWS the copy costs more than it saves.
     """
     m, k = a.shape
     n = b.shape[1]
     c = n - n % PANEL
     m4 = m - m % 4
     flat_b, flat_out = b.reshape(-1), out.reshape(-1)
+    kept = np.empty(BLOCK_ROWS * PANEL, np.float32)  # (32 KB: stays in L1)
     out[:, :c] = 0
     for j0 in range(0, c, CHUNK_COLS):
         j1 = min(c, j0 + CHUNK_COLS)
@@ -192,9 +209,19 @@ def matmul_nn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
             for j in range(j0, j1, PANEL):
                 k_next, j_next = _later_panel(j0, k0, j, c, k)
                 later = (k_next - k0) * n + j_next - j  # the later panel, from this one
-                for i in range(0, m4, 4):
-                    line = (i // 4) % (PANEL // LANES) * LANES
-                    _nn_rows4(a, flat_b, flat_out, i, j, n, k0, k1, j, n, later + line)
+                if m4 < KEEP_ROWS:
+                    for i in range(0, m4, 4):
+                        line = (i // 4) % (PANEL // LANES) * LANES
+                        _nn_rows4(a, flat_b, flat_out, i, j, n, k0, k1, j, n, later + line, 1,
+                                  NOWHERE)
+                    for i in range(m4, m):
+                        _nn_row1(a, flat_b, flat_out, i, j, n, k0, k1, j, n)
+                    continue
+                _nn_rows4(a, flat_b, flat_out, 0, j, n, k0, k1, j, n, later, PANEL // LANES,
+                          kept)
+                for i in range(4, m4, 4):
+                    _nn_rows4(a, kept, flat_out, i, j, n, k0, k1, -k0 * PANEL, PANEL, 0, 0,
+                              NOWHERE)
                 for i in range(m4, m):
-                    _nn_row1(a, flat_b, flat_out, i, j, n, k0, k1, j, n)
+                    _nn_row1(a, kept, flat_out, i, j, n, k0, k1, -k0 * PANEL, PANEL)
     return c

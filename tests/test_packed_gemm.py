@@ -27,7 +27,7 @@ def packed_copy(w):
     return out
 
 
-@pytest.mark.parametrize("m", [1, 4, 7, 16, 33])
+@pytest.mark.parametrize("m", [1, 4, 7, 16, 33, 64])
 def test_the_packed_product_is_matmul_nns_bit_for_bit(m):
     rng = np.random.default_rng(m)
     x = rng.standard_normal((m, K)).astype(np.float32)

@@ -12,6 +12,7 @@ from graphflow.ops.small_gemm import (
     AHEAD,
     BLOCK_ROWS,
     CHUNK_COLS,
+    KEEP_ROWS,
     PANEL,
     _later_panel,
     matmul_nn,
@@ -34,7 +35,7 @@ def test_matches_float64_reference_with_any_remainder(dtype, m, n):
     np.testing.assert_allclose(out, want, rtol=tol, atol=tol * np.abs(want).max())
 
 
-@pytest.mark.parametrize("m", [1, 3, 4, 6, 17])
+@pytest.mark.parametrize("m", [1, 3, 4, 6, 17, KEEP_ROWS, KEEP_ROWS + 3])
 @pytest.mark.parametrize("n", [64, 130, 200])
 def test_nn_matches_float64_reference_and_leaves_the_last_partial_panel(m, n):
     rng = np.random.default_rng(m * 100 + n)
@@ -49,13 +50,15 @@ def test_nn_matches_float64_reference_and_leaves_the_last_partial_panel(m, n):
     assert np.isnan(out[:, done:]).all()  # untouched: matmul_into's BLAS call does these
 
 
-def test_nn_blocks_of_b_add_up():
+@pytest.mark.parametrize("m", [6, KEEP_ROWS + 2])  # each row block reads b, or the first
+def test_nn_blocks_of_b_add_up(m):                # keeps each panel for the others
     # b passes in blocks of BLOCK_ROWS rows by CHUNK_COLS columns: here 2 whole row blocks and
-    # a partial one, 2 whole column chunks and one of a single panel, and 6 rows of a (4 + 2)
+    # a partial one, 2 whole column chunks and one of a single panel, and m rows of a (in
+    # blocks of 4, then 2 one at a time)
     rows, cols = 2 * BLOCK_ROWS + 44, 2 * CHUNK_COLS + PANEL
     rng = np.random.default_rng(3)
-    a, b = rng.standard_normal((6, rows)), rng.standard_normal((rows, cols))
-    out = np.empty((6, cols), np.float32)
+    a, b = rng.standard_normal((m, rows)), rng.standard_normal((rows, cols))
+    out = np.empty((m, cols), np.float32)
     assert matmul_nn(a.astype(np.float32), b.astype(np.float32), out) == cols
     want = a @ b
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
