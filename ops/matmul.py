@@ -25,7 +25,7 @@ from graphflow.ops.packed_gemm import forward as packed_forward
 from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
 from graphflow.ops.short_gemm import matmul_tn
 from graphflow.ops.short_gemm import wins as short_wins
-from graphflow.ops.small_gemm import matmul_nn, matmul_nt, wins
+from graphflow.ops.small_gemm import copies, matmul_nn, matmul_nn_copied, matmul_nt, wins
 
 Grads = Sequence[Node | None]
 
@@ -67,7 +67,7 @@ def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool
         if float32:
             done = packed_forward(a, b, out)  # (by a worker's packed weight: runtime/worker.py)
             if done is None:
-                done = matmul_nn(a, b, out)
+                done = (matmul_nn_copied if copies(m, n) else matmul_nn)(a, b, out)
     if done < n:  # the rest, or the last columns short of a whole panel, with BLAS
         matmul_kernel(a.reshape(-1), a.shape[1], b.reshape(-1)[done:], b.shape[1],
                       out.reshape(-1)[done:], n, m, n - done, k, transpose_a, transpose_b,

@@ -26,14 +26,7 @@ from numba import njit
 
 from graphflow.ops import aligned
 from graphflow.ops.simd import LANES, vload, vstore4
-from graphflow.ops.small_gemm import (
-    BLOCK_ROWS,
-    CHUNK_COLS,
-    NOWHERE,
-    PANEL,
-    _nn_row1,
-    _nn_rows4,
-)
+from graphflow.ops.small_gemm import BLOCK_ROWS, CHUNK_COLS, PANEL, _nn_row1, _nn_rows4
 
 AHEAD = 2  # panels ahead the kernel asks for (1: 199 GFLOP/s, 2-4: 222, 8: 217 at 16 rows)
 
@@ -75,7 +68,7 @@ def matmul_nn_packed(a: np.ndarray, pb: np.ndarray, out: np.ndarray) -> int:
                 for i in range(0, m4, 4):  # each row block asks for its line of each row
                     line = (i // 4) % (PANEL // LANES) * LANES
                     _nn_rows4(a, pb, flat_out, i, j, n, k0, k1, at, PANEL,
-                              AHEAD * (k1 - k0) * PANEL + line, 1, NOWHERE)
+                              AHEAD * (k1 - k0) * PANEL + line)
                 for i in range(m4, m):
                     _nn_row1(a, pb, flat_out, i, j, n, k0, k1, at, PANEL)
                 q += (k1 - k0) * PANEL

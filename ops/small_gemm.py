@@ -9,10 +9,10 @@ dense layer on a micro-batch of 16) the packing costs as much as the multiply. H
   1.5-1.8x faster (the rows in a vector's lanes, no dot products to sum up).
 - `matmul_nn`, out = a @ b (the forward, y = x @ w): 4 rows of `out` by 64 columns stay in
   16 vector registers (`simd`) while the kernel walks down `b`'s rows, a block of `b` at a
-  time that stays in L2 while every row block of `a` passes over it (from 32 rows, over a
-  copy of each panel in L1 that the first row block makes), and a later block is prefetched
-  meanwhile. Same shapes: 74 / 79 GFLOP/s at 16 / 64 rows (46 / 68 without the prefetch, in
-  the same run), where BLAS runs 45 / 82; with the copy, 64 rows ran 200 GFLOP/s.
+  time that stays in L2 while every row block of `a` passes over it, and a later block is
+  prefetched meanwhile. Same shapes: 74 / 79 GFLOP/s at 16 / 64 rows (46 / 68 without the
+  prefetch, in the same run), where BLAS runs 45 / 82. `matmul_nn_copied` reads a copy of
+  each panel in L1 instead, where b's rows would share cache sets: 200 GFLOP/s at 64 rows.
 
 BLAS wins again from ~128 rows: see `wins`.
 """
@@ -34,8 +34,8 @@ CHUNK_COLS = 1024  # `matmul_nn` works on b in blocks of BLOCK_ROWS x CHUNK_COLS
 BLOCK_ROWS = 128   # out in chunks of CHUNK_COLS columns (<= 256 KB): both stay in a core's
                    # 1 MB L2. Whole-width blocks let a wide b's out spill (2560 x 8192 at 64
                    # rows: 63 GFLOP/s, against 80 in chunks; 2560-wide b alike, 89-90)
-KEEP_ROWS = 32     # from this many rows `matmul_nn` reads each b panel once (see there)
-NOWHERE = np.empty(0, np.float32)  # the `keep` of a `_nn_rows4` that keeps no copy
+KEEP_ROWS = 64     # `matmul_nn_copied` from this many rows, where b's rows are a multiple
+ALIASED_BYTES = 4096  # of this apart (`copies`)
 AHEAD = 3          # `matmul_nn` prefetches the b panel it takes this many panels later
 
 
@@ -114,26 +114,20 @@ def matmul_nt(a: np.ndarray, b: np.ndarray, out: np.ndarray, zero: float) -> Non
 
 @njit(nogil=True, cache=True, inline="always")
 def _nn_rows4(a: np.ndarray, b: np.ndarray, o: np.ndarray, i: int, j: int, n: int, k0: int,
-              k1: int, b_at: int, b_step: int, ahead: int, lines: int,
-              keep: np.ndarray) -> None:
+              k1: int, b_at: int, b_step: int, ahead: int) -> None:
     """o[i:i+4, j:j+64] += a[i:i+4, k0:k1] @ b's panel (o flat, n columns; b flat, row p of
     the panel at b_at + p * b_step: a row of b, or of a packed copy, ops/packed_gemm.py); on
-    the way, `lines` cache lines from `ahead` floats on from each row go to L2, and with a
-    `keep` the panel's rows are copied into it one after another (packed)."""
+    the way, the cache line `ahead` floats on from each row goes to L2."""
     last = b.size - 1
     r0, r1, r2, r3 = i * n + j, (i + 1) * n + j, (i + 2) * n + j, (i + 3) * n + j
     c00, c01, c02, c03 = vload(o, r0), vload(o, r0 + 16), vload(o, r0 + 32), vload(o, r0 + 48)
     c10, c11, c12, c13 = vload(o, r1), vload(o, r1 + 16), vload(o, r1 + 32), vload(o, r1 + 48)
     c20, c21, c22, c23 = vload(o, r2), vload(o, r2 + 16), vload(o, r2 + 32), vload(o, r2 + 48)
     c30, c31, c32, c33 = vload(o, r3), vload(o, r3 + 16), vload(o, r3 + 32), vload(o, r3 + 48)
-    keeping = keep.size > 0
     for p in range(k0, k1):
         q = b_at + p * b_step
-        for line in range(lines):
-            prefetch(b, min(q + ahead + line * LANES, last))
+        prefetch(b, min(q + ahead, last))
         b0, b1, b2, b3 = vload(b, q), vload(b, q + 16), vload(b, q + 32), vload(b, q + 48)
-        if keeping:
-            vstore4(keep, (p - k0) * PANEL, b0, b1, b2, b3)
         x = vsplat(a[i, p])
         c00, c01, c02, c03 = vfma(x, b0, c00), vfma(x, b1, c01), vfma(x, b2, c02), vfma(x, b3, c03)
         x = vsplat(a[i + 1, p])
@@ -145,6 +139,20 @@ def _nn_rows4(a: np.ndarray, b: np.ndarray, o: np.ndarray, i: int, j: int, n: in
     for r, c0, c1, c2, c3 in ((r0, c00, c01, c02, c03), (r1, c10, c11, c12, c13),
                               (r2, c20, c21, c22, c23), (r3, c30, c31, c32, c33)):
         vstore4(o, r, c0, c1, c2, c3)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _copy_panel(b: np.ndarray, j: int, n: int, k0: int, k1: int, later: int,
+                out: np.ndarray) -> None:
+    """Copy the panel's rows k0:k1 of flat b (n columns, from column j) into `out`, one after
+    another, asking for all 4 lines of each row of the panel `later` floats on."""
+    last = b.size - 1
+    for p in range(k0, k1):
+        q = p * n + j
+        for line in range(0, PANEL, LANES):
+            prefetch(b, min(q + later + line, last))
+        vstore4(out, (p - k0) * PANEL, vload(b, q), vload(b, q + 16), vload(b, q + 32),
+                vload(b, q + 48))
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -187,20 +195,12 @@ def matmul_nn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
     is multiplied, each row block pulls one line a row of a later panel into L2 (4 row blocks
     cover its 4 lines). At 16 / 32 / 64 rows against 2560 x 8192 that measured 1.5 / 1.3 /
     1.1x faster (median of 21 paired runs; one panel ahead was slower, two to eight alike).
-
-    From KEEP_ROWS rows on, only the first row block reads b: it copies each panel row into
-    `kept` (32 KB, in L1) as it goes and asks for all 4 lines ahead, and the other row blocks
-    read the copy. A 2560 x 8192 b's panel rows lie 32 KB apart, so they share a few cache
-    sets, and how few depends on where a process's pages fell: at 64 rows, 16 row blocks each
-    reading b ran 16-28 ms in six worker processes, reading it once 13.4-16.8 (15.7-16.1
-    against 13.4 in one process). Below KEEP_ROWS the copy costs more than it saves.
     """
     m, k = a.shape
     n = b.shape[1]
     c = n - n % PANEL
     m4 = m - m % 4
     flat_b, flat_out = b.reshape(-1), out.reshape(-1)
-    kept = np.empty(BLOCK_ROWS * PANEL, np.float32)  # (32 KB: stays in L1)
     out[:, :c] = 0
     for j0 in range(0, c, CHUNK_COLS):
         j1 = min(c, j0 + CHUNK_COLS)
@@ -209,19 +209,46 @@ def matmul_nn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
             for j in range(j0, j1, PANEL):
                 k_next, j_next = _later_panel(j0, k0, j, c, k)
                 later = (k_next - k0) * n + j_next - j  # the later panel, from this one
-                if m4 < KEEP_ROWS:
-                    for i in range(0, m4, 4):
-                        line = (i // 4) % (PANEL // LANES) * LANES
-                        _nn_rows4(a, flat_b, flat_out, i, j, n, k0, k1, j, n, later + line, 1,
-                                  NOWHERE)
-                    for i in range(m4, m):
-                        _nn_row1(a, flat_b, flat_out, i, j, n, k0, k1, j, n)
-                    continue
-                _nn_rows4(a, flat_b, flat_out, 0, j, n, k0, k1, j, n, later, PANEL // LANES,
-                          kept)
-                for i in range(4, m4, 4):
-                    _nn_rows4(a, kept, flat_out, i, j, n, k0, k1, -k0 * PANEL, PANEL, 0, 0,
-                              NOWHERE)
+                for i in range(0, m4, 4):
+                    line = (i // 4) % (PANEL // LANES) * LANES
+                    _nn_rows4(a, flat_b, flat_out, i, j, n, k0, k1, j, n, later + line)
+                for i in range(m4, m):
+                    _nn_row1(a, flat_b, flat_out, i, j, n, k0, k1, j, n)
+    return c
+
+
+def copies(m: int, n: int) -> bool:
+    """Whether `matmul_nn_copied` beats `matmul_nn` for out (m, n): many rows, and b's rows a
+    multiple of 4 KB apart, so that a panel's rows share a few cache sets."""
+    return m >= KEEP_ROWS and (4 * n) % ALIASED_BYTES == 0
+
+
+@njit(nogil=True, cache=True)
+def matmul_nn_copied(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> int:
+    """`matmul_nn`, but each panel of b is first copied into `kept` (32 KB, in L1; the copy
+    asks for all 4 lines of each row of the later panel), and the row blocks read the copy.
+
+    A 2560 x 8192 b's panel rows lie 32 KB apart, so they share a few cache sets, and how few
+    depends on where a process's pages fell: at 64 rows, `matmul_nn`'s 16 row blocks each
+    reading b ran 16-28 ms in six worker processes, reading the copy 13.4-16.8 (15.7-16.1
+    against 13.4 in one process). Where the copy does not pay (`copies`): at 32 rows it was no
+    faster against 2560 x 8192, and against 2560 x 2560 (rows 10 KB apart) 2-10% slower.
+    """
+    m, k = a.shape
+    n = b.shape[1]
+    c = n - n % PANEL
+    m4 = m - m % 4
+    flat_b, flat_out = b.reshape(-1), out.reshape(-1)
+    kept = np.empty(BLOCK_ROWS * PANEL, np.float32)
+    out[:, :c] = 0
+    for j0 in range(0, c, CHUNK_COLS):
+        for k0 in range(0, k, BLOCK_ROWS):
+            k1 = min(k, k0 + BLOCK_ROWS)
+            for j in range(j0, min(c, j0 + CHUNK_COLS), PANEL):
+                k_next, j_next = _later_panel(j0, k0, j, c, k)
+                _copy_panel(flat_b, j, n, k0, k1, (k_next - k0) * n + j_next - j, kept)
+                for i in range(0, m4, 4):
+                    _nn_rows4(a, kept, flat_out, i, j, n, k0, k1, -k0 * PANEL, PANEL, 0)
                 for i in range(m4, m):
                     _nn_row1(a, kept, flat_out, i, j, n, k0, k1, -k0 * PANEL, PANEL)
     return c

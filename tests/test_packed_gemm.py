@@ -9,7 +9,7 @@ import pytest
 import graphflow as gf
 from graphflow.models import Model
 from graphflow.ops.packed_gemm import PackedWeights, matmul_nn_packed, pack_chunk
-from graphflow.ops.small_gemm import BLOCK_ROWS, CHUNK_COLS, PANEL, matmul_nn
+from graphflow.ops.small_gemm import BLOCK_ROWS, CHUNK_COLS, PANEL, matmul_nn, matmul_nn_copied
 from graphflow.partitioners import partition
 from graphflow.runtime import Cluster
 from graphflow.trace import recording
@@ -36,6 +36,8 @@ def test_the_packed_product_is_matmul_nns_bit_for_bit(m):
     done = matmul_nn(x, w, want)
     assert matmul_nn_packed(x, packed_copy(w), got) == done == N - N % PANEL
     assert (got[:, :done] == want[:, :done]).all()
+    copied = np.full((m, N), np.nan, np.float32)  # a panel at a time, the same sums
+    assert matmul_nn_copied(x, w, copied) == done and (copied[:, :done] == want[:, :done]).all()
     assert np.isnan(got[:, done:]).all()  # the last partial panel: matmul_into's BLAS call
 
 

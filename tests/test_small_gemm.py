@@ -15,7 +15,9 @@ from graphflow.ops.small_gemm import (
     KEEP_ROWS,
     PANEL,
     _later_panel,
+    copies,
     matmul_nn,
+    matmul_nn_copied,
     matmul_nt,
     wins,
 )
@@ -35,14 +37,15 @@ def test_matches_float64_reference_with_any_remainder(dtype, m, n):
     np.testing.assert_allclose(out, want, rtol=tol, atol=tol * np.abs(want).max())
 
 
-@pytest.mark.parametrize("m", [1, 3, 4, 6, 17, KEEP_ROWS, KEEP_ROWS + 3])
+@pytest.mark.parametrize("kernel", [matmul_nn, matmul_nn_copied])
+@pytest.mark.parametrize("m", [1, 3, 4, 6, 17, KEEP_ROWS + 3])
 @pytest.mark.parametrize("n", [64, 130, 200])
-def test_nn_matches_float64_reference_and_leaves_the_last_partial_panel(m, n):
+def test_nn_matches_float64_reference_and_leaves_the_last_partial_panel(kernel, m, n):
     rng = np.random.default_rng(m * 100 + n)
     a = rng.standard_normal((m, 300)).astype(np.float32)
     b = rng.standard_normal((300, n)).astype(np.float32)
     out = np.full((m, n), np.nan, np.float32)
-    done = matmul_nn(a, b, out)
+    done = kernel(a, b, out)
     assert done == n - n % PANEL
     want = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(out[:, :done], want[:, :done], rtol=1e-6,
@@ -50,16 +53,15 @@ def test_nn_matches_float64_reference_and_leaves_the_last_partial_panel(m, n):
     assert np.isnan(out[:, done:]).all()  # untouched: matmul_into's BLAS call does these
 
 
-@pytest.mark.parametrize("m", [6, KEEP_ROWS + 2])  # each row block reads b, or the first
-def test_nn_blocks_of_b_add_up(m):                # keeps each panel for the others
+@pytest.mark.parametrize("kernel", [matmul_nn, matmul_nn_copied])
+def test_nn_blocks_of_b_add_up(kernel):
     # b passes in blocks of BLOCK_ROWS rows by CHUNK_COLS columns: here 2 whole row blocks and
-    # a partial one, 2 whole column chunks and one of a single panel, and m rows of a (in
-    # blocks of 4, then 2 one at a time)
+    # a partial one, 2 whole column chunks and one of a single panel, and 6 rows of a (4 + 2)
     rows, cols = 2 * BLOCK_ROWS + 44, 2 * CHUNK_COLS + PANEL
     rng = np.random.default_rng(3)
-    a, b = rng.standard_normal((m, rows)), rng.standard_normal((rows, cols))
-    out = np.empty((m, cols), np.float32)
-    assert matmul_nn(a.astype(np.float32), b.astype(np.float32), out) == cols
+    a, b = rng.standard_normal((6, rows)), rng.standard_normal((rows, cols))
+    out = np.empty((6, cols), np.float32)
+    assert kernel(a.astype(np.float32), b.astype(np.float32), out) == cols
     want = a @ b
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
@@ -122,6 +124,25 @@ def test_matmul_into_sends_small_products_here_and_the_rest_to_blas(monkeypatch)
     # last 2 columns with BLAS
     assert calls == [("nt", (8, 130), "float64"), ("nt lanes", (8, 130), "float32"),
                      ("nn", (8, 130), "float32")]
+
+
+def test_a_panel_is_copied_only_for_many_rows_against_rows_a_multiple_of_4_kb_apart(
+        monkeypatch):
+    assert copies(KEEP_ROWS, 8192) and copies(KEEP_ROWS, 1024)
+    assert not copies(KEEP_ROWS - 1, 8192) and not copies(KEEP_ROWS, 2560)
+    used = []
+    monkeypatch.setattr(matmul_mod, "matmul_nn_copied",
+                        lambda *args: used.append("copied") or matmul_nn_copied(*args))
+    monkeypatch.setattr(matmul_mod, "matmul_nn",
+                        lambda *args: used.append("nn") or matmul_nn(*args))
+    rng = np.random.default_rng(1)
+    for n in (1024, 1000):
+        a = rng.standard_normal((KEEP_ROWS, 512)).astype(np.float32)
+        b = rng.standard_normal((512, n)).astype(np.float32)
+        got = matmul_into(a, b, np.empty((KEEP_ROWS, n), np.float32))
+        want = a.astype(np.float64) @ b
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert used == ["copied", "nn"]
 
 
 def test_the_vector_intrinsics_take_only_flat_float32_arrays():
