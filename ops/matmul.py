@@ -2,9 +2,10 @@
 
 The kernel calls BLAS gemm with transpose flags, so transposed operands are never copied; a few
 rows against a large b (a dense layer's forward on a micro-batch) go to `small_gemm`, which does
-not pack b on every call, a @ b.T against a large b (its backward, dx = dy @ w.T) to
-`lane_gemm`, which keeps a's rows in vector lanes, and a.T @ b summed over a few rows (its
-weight gradient) to `short_gemm`, which writes out once.
+not pack b on every call (`copies` says when it reads a copy of each panel instead), a @ b.T
+against a large b (its backward, dx = dy @ w.T) to `lane_gemm`, which keeps a's rows in vector
+lanes, and a.T @ b summed over a few rows (its weight gradient) to `short_gemm`, which writes
+out once.
 """
 
 from __future__ import annotations

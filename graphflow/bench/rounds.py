@@ -28,11 +28,12 @@ TRIAL_WITHIN = 1.3  # counts predicted more than 30% slower than the best one ar
 def time_rounds(ones: Sequence[Cluster], running: dict[int, list[Cluster]],
                 points: list[dict[str, Any]], feeds: dict[str, np.ndarray],
                 args: argparse.Namespace, bar: Progress,
-                between: Callable[[int], None] = lambda r: None) -> dict[str, Any]:
+                between: Callable[[Cluster], None] = lambda one: None) -> dict[str, Any]:
     """`args.steps` rounds, each: `args.window` steps of a 1-worker cluster alone, as many of
     two independent 1-worker clusters at once (the ceiling), as many of every running point,
-    then `between(r)` (the cost model's kernels timed again). A neighbour's burst so spreads over
-    all points instead of spoiling one. The 1-worker clusters (two or more) take those turns
+    then `between(the round's lone 1-worker cluster)` (the cost model's kernels and update rates
+    timed again in its process). A neighbour's burst so spreads over all points instead of
+    spoiling one. The 1-worker clusters (two or more) take those turns
     in rotation, as a point with several clusters times one a round. Times are per step."""
     alone, both = [], []
     window = args.window
@@ -50,7 +51,7 @@ def time_rounds(ones: Sequence[Cluster], running: dict[int, list[Cluster]],
                 except Exception as e:  # noqa: BLE001 - drop the point, keep the others
                     points[i]["error"] = f"{type(e).__name__}: {e}"
                     del running[i]
-            between(r)
+            between(pair[0])
             bar.label = f"{points[0]['workload'] if points else ''} round {r + 1}/{args.steps}"
             bar.update(alone_ms=1e3 * alone[-1], both_ms=1e3 * both[-1])
     return {"alone_s": alone, "together_s": both,

@@ -281,8 +281,8 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
         samples: dict[str, list[float]] = {}
         updates: dict[str, list[float]] = {"update_Bps": [], "update_shared_Bps": []}
 
-        def retime(r: int) -> None:  # in this round's lone 1-worker cluster's process
-            got = ones[r % len(ones)].call_all("time_kernels", {"kernels": specs})[0]
+        def retime(one: Cluster) -> None:  # in this round's lone 1-worker cluster's process
+            got = one.call_all("time_kernels", {"kernels": specs})[0]
             for sig, seconds in got["kernel_s"].items():
                 samples.setdefault(sig, []).append(seconds)
             for rate, values in updates.items():
