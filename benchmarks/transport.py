@@ -4,7 +4,10 @@ A sender (this process) pushes --messages tensors of --size-mb MB float32 to a r
 over ipc and tcp loopback. "ours" is Endpoint.send -> Endpoint.recv(key) (header encoding,
 untrusted decoding, stash), untracked as a worker sends an activation (only parameters and
 gradients summed in place are tracked); "bare" is a pyzmq PUSH/PULL loop of the same two frames
-sent with send_multipart(copy=False) and received with recv_multipart(copy=False). Repeats of
+sent with send_multipart(copy=False) and received with recv_multipart(copy=False). Over ipc
+ours copies each tensor into a shared-memory slot and sends only its header (the ring of
+graphflow/transport/ring.py, as workers on one machine do); "ipc-socket" is ours with the rings
+off, every byte through the socket as bare sends them. Repeats of
 ours and bare are interleaved; the table shows the median GB/s and ours/bare (target >= 0.8),
 "paired" (the median of ours/bare over adjacent runs, steadier when a neighbour is busy) and the
 CPU time per message of both processes together (all threads, zmq's I/O threads included).
@@ -39,8 +42,9 @@ COLUMNS = [("transport", "transport"), ("size_mb", "MB"), ("messages", "messages
 def extra_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--messages", type=int, default=500, help="tensors per timed run (500)")
     p.add_argument("--size-mb", type=float, default=1.0, help="tensor size in MB (1)")
-    p.add_argument("--transports", nargs="+", choices=("ipc", "tcp"), default=["ipc", "tcp"],
-                   help="transports to measure (ipc tcp)")
+    p.add_argument("--transports", nargs="+", choices=("ipc", "ipc-socket", "tcp"),
+                   default=["ipc", "ipc-socket", "tcp"],
+                   help="transports to measure (ipc ipc-socket tcp)")
     p.add_argument("--hwm", type=int, default=16, help="Endpoint queue length in messages (16)")
     # A round is a tenth of a second and the machine's spells are longer: over ipc, medians
     # of 7 rounds swung from 0.53 to 1.04 here, of 15 from 0.71 to 1.30 (14 runs), of 45 from
@@ -49,7 +53,7 @@ def extra_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _bind(transport: str, tmp: str, name: str) -> str:
-    return f"ipc://{tmp}/{name}" if transport == "ipc" else "tcp://127.0.0.1:*"
+    return f"ipc://{tmp}/{name}" if transport.startswith("ipc") else "tcp://127.0.0.1:*"
 
 
 def receiver(conn: Any, transport: str, tmp: str, hwm: int) -> None:
@@ -104,7 +108,7 @@ class Link:
             raise TimeoutError(f"{transport} receiver did not start within {DEADLINE}s")
         ours_addr, bare_addr = self.conn.recv()
         self.ep = Endpoint("send", _bind(transport, self.tmp.name, "send"), timeout=DEADLINE,
-                           hwm=hwm)
+                           hwm=hwm, rings=transport != "ipc-socket")
         self.ep.connect("recv", ours_addr)
         self.push = zmq.Context.instance().socket(zmq.PUSH)
         self.push.sndtimeo, self.push.linger = int(DEADLINE * 1000), 0

@@ -19,7 +19,7 @@ def test_transport_benchmark_compares_ours_with_bare_on_both_transports(tmp_path
     doc = json.loads(out.read_text())
     assert doc["repeats"] == 3
     rows = {r["transport"]: r for r in doc["rows"]}
-    assert set(rows) == {"ipc", "tcp"}
+    assert set(rows) == {"ipc", "ipc-socket", "tcp"}
     for r in rows.values():
         assert len(r["times"]["ours"]["times_s"]) == len(r["times"]["bare"]["times_s"]) == 3
         assert r["ratio"] == pytest.approx(r["ours_gbs"] / r["bare_gbs"])

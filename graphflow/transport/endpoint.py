@@ -1,8 +1,9 @@
 """The data plane: one `Endpoint` per worker moves tensors to and from its peers over ZeroMQ.
 
 Each endpoint binds one PULL socket (its inbox) and opens one PUSH socket per peer it sends to.
-Large arrays go out zero-copy; every receive has a timeout; a peer that does not answer is a
-`PeerTimeout` naming the peer and the key, never a hang.
+Large arrays go out zero-copy, or to a peer on this machine (ipc) through shared memory, the
+message carrying only their header; every receive has a timeout; a peer that does not answer
+is a `PeerTimeout` naming the peer and the key, never a hang.
 
     >>> with Endpoint("w0", "inproc://doc-w0") as w0, Endpoint("w1", "inproc://doc-w1") as w1:
     ...     w0.connect("w1", w1.address)
@@ -31,7 +32,15 @@ import numpy as np
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from graphflow.transport.frames import FrameError, TransportError, decode_tensor, encode_tensor
+from graphflow.transport.frames import (
+    FrameError,
+    TransportError,
+    decode_tensor,
+    tensor_header,
+    wire_array,
+)
+from graphflow.transport.ring import RING_MIN_BYTES, RingViews, SendRing
+from graphflow.transport.shared import available as shared_memory_available
 
 ZERO_COPY_MIN = 64 * 1024      # bytes: smaller arrays are copied (cheaper than tracking)
 HEARTBEAT_MS = (1000, 3000, 6000)  # ZMTP heartbeat interval, timeout, remote TTL
@@ -124,7 +133,9 @@ class Endpoint:
     `bind` is "inproc://NAME", "ipc:///PATH", "tcp://HOST:PORT" or "tcp://HOST:*"; `.address`
     is what peers connect to (the real port). `timeout` (s) bounds every send and is the
     default receive timeout. `hwm` is the queue length in messages of the inbox and of each
-    send socket (of an ipc send socket, IPC_SEND_QUEUE times as many).
+    send socket (of an ipc send socket, IPC_SEND_QUEUE times as many). Tensors of at least
+    64 KiB to a peer over ipc go through a shared-memory ring (transport/ring.py) unless
+    `rings` is False.
 
         >>> ep = Endpoint("w0", "tcp://127.0.0.1:*")
         >>> ep.address.startswith("tcp://127.0.0.1:")
@@ -134,11 +145,16 @@ class Endpoint:
 
     def __init__(self, name: str, bind: str, context: zmq.Context | None = None,
                  timeout: float = 30.0, *, curve: CurveConfig | None = None, hwm: int = 16,
-                 max_msg_size: int = 1 << 30, linger: float = 1.0) -> None:
+                 max_msg_size: int = 1 << 30, linger: float = 1.0, rings: bool = True) -> None:
         self.name, self.timeout, self.curve = name, timeout, curve
         self._ctx = context if context is not None else zmq.Context.instance()
         self._hwm, self._linger_ms = hwm, int(linger * 1000)
         self._push: dict[str, zmq.Socket] = {}
+        # peers on this machine (ipc): large tensors go to them through a shared-memory ring
+        self._local: set[str] = set()
+        self._use_rings = rings
+        self._rings: dict[str, SendRing] = {}
+        self._views = RingViews() if bind.startswith("ipc://") else None
         self._stash: defaultdict[str, deque[tuple[dict[str, Any], np.ndarray]]] = \
             defaultdict(deque)
         self._stashed = 0
@@ -202,6 +218,8 @@ class Endpoint:
             raise TransportError(f"{self.name}: cannot connect to {peer} at {address!r}: {e}") \
                 from e
         self._push[peer] = sock
+        if self._use_rings and address.startswith("ipc://") and shared_memory_available():
+            self._local.add(peer)
 
     @property
     def peers(self) -> list[str]:
@@ -216,14 +234,18 @@ class Endpoint:
         modify the array until `tracker.done` (inproc hands the receiver this very memory).
         With `track=False` (for an array nobody writes again) no tracker is made, which saves
         about a third of a zero-copy send's CPU time. Smaller arrays are copied and None is
-        returned. With `wait=False` a message the peer cannot take at once is dropped
-        (returns None), not waited for or reported.
+        returned, and so are arrays to a peer over ipc, copied into a shared-memory slot
+        (transport/ring.py) while a slot is free. With `wait=False` a message the peer cannot
+        take at once is dropped (returns None), not waited for or reported.
         """
         sock = self._push.get(peer)
         if sock is None:
             raise TransportError(f"{self.name}: no peer {peer!r} to send {key!r} to "
                                  f"(connected: {', '.join(self._push) or 'none'})")
-        header, a = encode_tensor(key, self.name, array, step)
+        a, dtype = wire_array(array, lambda: f"{self.name}: tensor {key!r}")
+        ring = self._ring(peer) if wait and a.nbytes >= RING_MIN_BYTES else None
+        ref = ring.put(a) if ring is not None else None
+        header = tensor_header(key, self.name, dtype, a.shape, step, ref)
         if not wait:
             try:
                 sock.send_multipart([header, a], zmq.NOBLOCK)
@@ -232,14 +254,29 @@ class Endpoint:
             return None
         try:
             sock.send(header, zmq.SNDMORE)
+            if ref is not None:
+                sock.send(b"")
+                return None
             if a.nbytes >= ZERO_COPY_MIN:
                 return sock.send(a, copy=False, track=track)
             sock.send(a, copy=True)
             return None
         except zmq.Again:
+            if ref is not None:
+                self._rings[peer].release(ref)
             raise PeerTimeout(f"{self.name}: could not send tensor {key!r} to {peer} within "
                               f"{self.timeout:g}s (peer not connected, or its queue of "
                               f"{sock.sndhwm} messages is full)", peer, key) from None
+
+    def _ring(self, peer: str) -> SendRing | None:
+        """The shared-memory ring to `peer`, if it is on this machine and /dev/shm has room."""
+        ring = self._rings.get(peer)
+        if ring is None and peer in self._local:
+            try:
+                ring = self._rings[peer] = SendRing()
+            except OSError:
+                self._local.discard(peer)
+        return ring
 
     def recv_any(self, timeout: float | None = None) -> tuple[dict[str, Any], np.ndarray] | None:
         """The next tensor from any peer as (meta, array); None after `timeout` seconds, or
@@ -289,7 +326,7 @@ class Endpoint:
         if len(frames) != 2:
             raise FrameError(f"{self.name}: received a message of {len(frames)} frames, "
                              "expected 2 (header, buffer)")
-        return decode_tensor(*frames)
+        return decode_tensor(*frames, self._views.view if self._views is not None else None)
 
     def recv(self, key: str, expect_from: str, timeout: float | None = None,
              step: int | None = None) -> np.ndarray:
@@ -343,6 +380,9 @@ class Endpoint:
         for sock in self._push.values():
             sock.close()
         self._push.clear()
+        for ring in self._rings.values():
+            ring.close()
+        self._rings.clear()
         if not self._pull.closed:
             self._pull.close()
         with self._wake_lock:

@@ -59,7 +59,7 @@ def _where(key: Any = None, src: Any = None) -> str:
     return " ".join(parts)
 
 
-def _text(where: Any) -> str:
+def describe(where: Any) -> str:
     return where() if callable(where) else where
 
 
@@ -82,7 +82,7 @@ def wire_array(array: Any, what: Any = "array") -> tuple[np.ndarray, str]:
     name = _NATIVE.get(a.dtype)
     if name is None:
         if a.dtype.name not in DTYPES:
-            raise FrameError(f"{_text(what)}: dtype {a.dtype.str!r} cannot be sent "
+            raise FrameError(f"{describe(what)}: dtype {a.dtype.str!r} cannot be sent "
                              f"(allowed: {', '.join(sorted(DTYPES))})")
         name = a.dtype.name
         a = a.astype(a.dtype.newbyteorder("="))
@@ -95,13 +95,14 @@ def array_nbytes(dtype: Any, shape: Any, where: Any) -> int:
     `where` (a str, or a callable returning one) prefixes error messages.
     """
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise FrameError(f"{_text(where)}: dtype {dtype!r} is not allowed "
+        raise FrameError(f"{describe(where)}: dtype {dtype!r} is not allowed "
                          f"(allowed: {', '.join(sorted(DTYPES))})")
     if not isinstance(shape, list | tuple) or len(shape) > MAX_DIMS:
-        raise FrameError(f"{_text(where)}: shape must be a list of at most {MAX_DIMS} ints, "
+        raise FrameError(f"{describe(where)}: shape must be a list of at most {MAX_DIMS} ints, "
                          f"got {shape!r}")
     if not all(type(d) is int and d >= 0 for d in shape):
-        raise FrameError(f"{_text(where)}: shape {list(shape)} has a negative or non-integer dim")
+        raise FrameError(f"{describe(where)}: shape {list(shape)} has a negative or "
+                         "non-integer dim")
     return math.prod(shape) * _BY_NAME[dtype].itemsize
 
 
@@ -113,7 +114,7 @@ def check_array(dtype: Any, shape: Any, buffer: Any, where: Any) -> np.ndarray:
     want = array_nbytes(dtype, shape, where)
     view = _view(buffer)
     if want != view.nbytes:
-        raise FrameError(f"{_text(where)}: shape {list(shape)} {dtype} needs {want} bytes, "
+        raise FrameError(f"{describe(where)}: shape {list(shape)} {dtype} needs {want} bytes, "
                          f"the payload has {view.nbytes}")
     a = np.ndarray(shape, _BY_NAME[dtype], view)
     if not a.flags.aligned:
@@ -146,25 +147,37 @@ def encode_tensor(key: str, src: str, array: Any, step: int = 0) -> list[Any]:
         (True, True)
     """
     a, dtype = wire_array(array, lambda: _where(key, src))
-    header = msgpack.packb({"key": key, "src": src, "dtype": dtype,
-                            "shape": list(a.shape), "step": int(step)})
+    return [tensor_header(key, src, dtype, a.shape, step), a]
+
+
+def tensor_header(key: str, src: str, dtype: str, shape: tuple[int, ...], step: int,
+                  ring: list[Any] | None = None) -> bytes:
+    """A tensor message's header; `ring` names the shared-memory slot holding the bytes
+    (transport/ring.py), in place of the second frame's."""
+    meta = {"key": key, "src": src, "dtype": dtype, "shape": list(shape), "step": int(step)}
+    if ring is not None:
+        meta["ring"] = ring
+    header = msgpack.packb(meta)
     if len(header) > TENSOR_HEADER_MAX:
         raise FrameError(f"{_where(key, src)}: header of {len(header)} bytes exceeds "
                          f"{TENSOR_HEADER_MAX} (key too long?)")
-    return [header, a]
+    return header
 
 
-def decode_tensor(header: Any, buffer: Any) -> tuple[dict[str, Any], np.ndarray]:
-    """Validate an untrusted tensor message: (meta, read-only array viewing `buffer`).
+def decode_tensor(header: Any, buffer: Any, ring: Ring | None = None
+                  ) -> tuple[dict[str, Any], np.ndarray]:
+    """Validate an untrusted tensor message: (meta, read-only array viewing `buffer`, or the
+    shared-memory slot its header names when `ring` may map one: transport/ring.py).
 
         >>> meta, x = decode_tensor(*encode_tensor("k", "w0", np.zeros((0, 4), np.int32)))
         >>> x.shape, meta["src"]
         ((0, 4), 'w0')
     """
-    return _decode_usual(header, buffer) or _decode_checked(header, buffer)
+    return _decode_usual(header, buffer, ring) or _decode_checked(header, buffer, ring)
 
 
-def _decode_usual(header: Any, buffer: Any) -> tuple[dict[str, Any], np.ndarray] | None:
+def _decode_usual(header: Any, buffer: Any, ring: Ring | None
+                  ) -> tuple[dict[str, Any], np.ndarray] | None:
     # A receiving thread's microseconds count: with 4-5 us more Python work per 1 MB tensor,
     # ipc streams ran a fifth slower here (the zmq I/O threads share the two cores). So the
     # usual message is checked in 2.3 us, not 3.3; None hands anything else to the full check,
@@ -190,7 +203,9 @@ def _decode_usual(header: Any, buffer: Any) -> tuple[dict[str, Any], np.ndarray]
             return None
     data = _view(buffer)
     if math.prod(shape) * dtype.itemsize != data.nbytes:
-        return None
+        if ring is None or data.nbytes or "ring" not in meta:
+            return None
+        return meta, ring(meta["ring"], name, shape, lambda: _where(meta["key"], meta["src"]))
     a = np.ndarray(shape, dtype, data)
     if not a.flags.aligned:
         return None
@@ -198,7 +213,8 @@ def _decode_usual(header: Any, buffer: Any) -> tuple[dict[str, Any], np.ndarray]
     return meta, a
 
 
-def _decode_checked(header: Any, buffer: Any) -> tuple[dict[str, Any], np.ndarray]:
+def _decode_checked(header: Any, buffer: Any, ring: Ring | None
+                    ) -> tuple[dict[str, Any], np.ndarray]:
     meta = _unpack(header, TENSOR_HEADER_MAX, _TENSOR_UNPACK, "tensor header")
     if not isinstance(meta, dict):
         raise FrameError(f"tensor header: expected a map, got {type(meta).__name__}")
@@ -207,6 +223,13 @@ def _decode_checked(header: Any, buffer: Any) -> tuple[dict[str, Any], np.ndarra
         if not isinstance(meta.get(field), kind) or isinstance(meta.get(field), bool):
             raise FrameError(f"{where()}: header field {field!r} must be {kind.__name__}, "
                              f"got {meta.get(field)!r}")
+    if "ring" in meta:
+        if ring is None:
+            raise FrameError(f"{where()}: names a shared-memory slot, which only an ipc inbox "
+                             "takes")
+        if _view(buffer).nbytes:
+            raise FrameError(f"{where()}: names a shared-memory slot and carries bytes too")
+        return meta, ring(meta["ring"], meta.get("dtype"), meta.get("shape"), where)
     return meta, check_array(meta.get("dtype"), meta.get("shape"), buffer, where)
 
 
@@ -223,6 +246,8 @@ class SharedRef:
 
 
 Attach = Callable[[str, str, list[int]], np.ndarray]  # (name, dtype, shape) -> the array
+# (slot reference, dtype, shape, where) -> the array in that shared-memory slot (ring.py)
+Ring = Callable[[Any, Any, Any, Any], np.ndarray]
 
 
 def encode_message(obj: Any) -> list[Any]:

@@ -112,7 +112,7 @@ def attach(name: str, dtype: str, shape: list[int] | tuple[int, ...]) -> np.ndar
     with _attach_lock:
         buf = _attached.get(name)
         if buf is None:
-            buf = _attached[name] = _map(name)
+            buf = _attached[name] = map_ours(name, f"shared array {name}")
     nbytes = array_nbytes(dtype, shape, f"shared array {name}")
     if nbytes > len(buf):
         raise FrameError(f"shared array {name}: shape {list(shape)} {dtype} needs {nbytes} "
@@ -120,17 +120,19 @@ def attach(name: str, dtype: str, shape: list[int] | tuple[int, ...]) -> np.ndar
     return check_array(dtype, list(shape), memoryview(buf)[:nbytes], f"shared array {name}")
 
 
-def _map(name: str) -> mmap.mmap:
+def map_ours(name: str, where: str, write: bool = False) -> mmap.mmap:
+    """Map /dev/shm/`name` (read-only unless `write`), refusing a link, or anything but a
+    non-empty regular file of this user; `where` starts the error message."""
     path = os.path.join(SHARED_DIR, name)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | os.O_NOFOLLOW)
     except OSError as e:
-        raise FrameError(f"shared array {name}: cannot open {path} ({e.strerror})") from None
+        raise FrameError(f"{where}: cannot open {path} ({e.strerror})") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size == 0:
-            raise FrameError(f"shared array {name}: {path} is not a shared buffer of this user")
-        return mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ)
+            raise FrameError(f"{where}: {path} is not a shared buffer of this user")
+        return mmap.mmap(fd, st.st_size, access=mmap.ACCESS_WRITE if write else mmap.ACCESS_READ)
     finally:
         os.close(fd)
 
