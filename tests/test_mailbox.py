@@ -5,6 +5,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from graphflow.runtime.mailbox import Mailbox, PeerFailed
@@ -71,3 +72,55 @@ def test_an_idle_receiver_sleeps_and_close_wakes_it():
     box.close()
     assert time.monotonic() - t0 < 1.0 < mailbox_module.IDLE_WAIT
     assert not any(t.is_alive() for t in box._threads) and endpoint._pull.closed
+
+
+def test_a_post_goes_out_from_the_posting_thread_when_nothing_waits_before_it(mailboxes,
+                                                                            monkeypatch):
+    m0, m1 = mailboxes
+    monkeypatch.setattr(m0._outbox, "put", None)  # the sender thread's queue is not touched
+    m0.begin(1)
+    m1.begin(1)
+    m0.post("worker:1", "act", np.arange(4.0), 1, track=False)
+    assert m0.sent_keys == ["act"]
+    got = m1.take(1, WAITING, block=True, deadline=time.monotonic() + 10.0)
+    assert [meta["key"] for meta, _ in got] == ["act"] and got[0][1].sum() == 6.0
+
+
+class _HeldForTheSender:
+    """A lock the test's thread takes at once and the sender thread only after `go`."""
+
+    def __init__(self) -> None:
+        self.lock, self.go = threading.Lock(), threading.Event()
+
+    def acquire(self, blocking: bool = True) -> bool:
+        return self.lock.acquire(blocking)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> None:
+        assert self.go.wait(10.0)
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def test_a_post_behind_queued_tensors_keeps_its_place(mailboxes, monkeypatch):
+    m0, m1 = mailboxes
+    m0._send_lock = held = _HeldForTheSender()
+    offer = m0.endpoint.offer
+    monkeypatch.setattr(m0.endpoint, "offer", lambda *a, **k: (False, None))  # a full queue
+    m0.post("worker:1", "first", np.zeros(2), 1, track=False)  # to the sender thread
+    monkeypatch.setattr(m0.endpoint, "offer", offer)
+    m0.post("worker:1", "second", np.ones(2), 1, track=False)  # must not overtake it
+    held.go.set()
+    m0.flush()
+    assert m0.sent_keys == ["first", "second"]
+    m1.begin(1)
+    keys = []
+    while len(keys) < 2:
+        got = m1.take(1, {"first": WAITING["act"], "second": WAITING["act"]}, block=True,
+                      deadline=time.monotonic() + 10.0)
+        keys += [meta["key"] for meta, _ in got]
+    assert keys == ["first", "second"]

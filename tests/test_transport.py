@@ -23,6 +23,7 @@ from graphflow.transport import (
     encode_message,
     encode_tensor,
 )
+from graphflow.transport import curve as curve_module
 from graphflow.transport import endpoint as endpoint_module
 
 SLACK = 1.0  # seconds allowed beyond a timeout
@@ -325,7 +326,7 @@ def test_curve_allows_listed_clients_and_refuses_others():
                 pass  # refused at the handshake: nothing is queued
         with pytest.raises(PeerTimeout):
             srv.recv("intruder", "bad", timeout=0.5)
-    assert not endpoint_module._AUTH, "the authenticator stops with the last CURVE endpoint"
+    assert not curve_module._AUTH, "the authenticator stops with the last CURVE endpoint"
 
 
 def test_tensors_already_here_come_before_a_pending_wake_up():

@@ -3,7 +3,8 @@
     >>> from graphflow.transport import Endpoint, RpcClient, RpcServer, PeerTimeout
 """
 
-from graphflow.transport.endpoint import CurveConfig, Endpoint, PeerTimeout
+from graphflow.transport.curve import CurveConfig
+from graphflow.transport.endpoint import Endpoint, PeerTimeout
 from graphflow.transport.frames import (
     DTYPES,
     FrameError,

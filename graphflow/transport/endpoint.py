@@ -24,14 +24,12 @@ import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Collection
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
 
+from graphflow.transport.curve import CurveConfig, allow_clients, disallow_clients
 from graphflow.transport.frames import (
     FrameError,
     TransportError,
@@ -57,63 +55,6 @@ class PeerTimeout(TransportError):
     def __init__(self, message: str, peer: str = "", key: str = "") -> None:
         super().__init__(message)
         self.peer, self.key = peer, key
-
-
-@dataclass(frozen=True)
-class CurveConfig:
-    """CURVE keys of one endpoint (z85 bytes), for traffic that leaves the machine.
-
-    The keypair serves the endpoint's bound socket and authenticates its outgoing connections;
-    only clients whose public key is in `allowed_clients` get through.
-
-        >>> a, b = CurveConfig.generate(), CurveConfig.generate()
-        >>> a = CurveConfig(a.secret_key, a.public_key, allowed_clients=[b.public_key])
-    """
-
-    secret_key: bytes
-    public_key: bytes
-    allowed_clients: Collection[bytes] = ()
-
-    @classmethod
-    def generate(cls, allowed_clients: Collection[bytes] = ()) -> CurveConfig:
-        """A fresh keypair (zmq.curve_keypair) with the given allow-list."""
-        public, secret = zmq.curve_keypair()
-        return cls(secret, public, tuple(allowed_clients))
-
-
-class _AllowList:
-    """ZAP credentials provider: ZAP domain -> allowed client public keys (z85)."""
-
-    def __init__(self) -> None:
-        self.domains: dict[str, frozenset[bytes]] = {}
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        return key in self.domains.get(domain, frozenset())
-
-
-_AUTH_LOCK = threading.Lock()
-_AUTH: dict[int, tuple[ThreadAuthenticator, _AllowList]] = {}  # one ZAP handler per context
-
-
-def _allow(context: zmq.Context, domain: str, keys: Collection[bytes]) -> None:
-    with _AUTH_LOCK:
-        if id(context) not in _AUTH:
-            auth = ThreadAuthenticator(context)
-            auth.start()
-            _AUTH[id(context)] = (auth, _AllowList())
-        auth, allow = _AUTH[id(context)]
-        allow.domains[domain] = frozenset(keys)
-        auth.configure_curve_callback(domain, allow)
-
-
-def _disallow(context: zmq.Context, domain: str) -> None:
-    with _AUTH_LOCK:
-        auth, allow = _AUTH[id(context)]
-        allow.domains.pop(domain, None)
-        auth.credentials_providers.pop(domain, None)
-        if not allow.domains:
-            auth.stop()
-            del _AUTH[id(context)]
 
 
 def tune(sock: zmq.Socket, hwm: int, linger_ms: int) -> zmq.Socket:
@@ -182,7 +123,7 @@ class Endpoint:
 
     def _serve_curve(self, curve: CurveConfig) -> None:
         self._domain = f"graphflow/{self.name}/{id(self)}"
-        _allow(self._ctx, self._domain, curve.allowed_clients)
+        allow_clients(self._ctx, self._domain, curve.allowed_clients)
         self._pull.curve_secretkey = curve.secret_key
         self._pull.curve_publickey = curve.public_key
         self._pull.curve_server = True
@@ -238,35 +179,51 @@ class Endpoint:
         (transport/ring.py) while a slot is free. With `wait=False` a message the peer cannot
         take at once is dropped (returns None), not waited for or reported.
         """
+        if not wait:
+            try:
+                self.offer(peer, key, array, step, track=False)
+            except zmq.ZMQError:  # (not connected, say: dropped all the same)
+                pass
+            return None
+        try:
+            return self._send(peer, key, array, step, track, 0)
+        except zmq.Again:
+            raise PeerTimeout(f"{self.name}: could not send tensor {key!r} to {peer} within "
+                              f"{self.timeout:g}s (peer not connected, or its queue of "
+                              f"{self._push[peer].sndhwm} messages is full)", peer, key) from None
+
+    def offer(self, peer: str, key: str, array: Any, step: int = 0, track: bool = True
+              ) -> tuple[bool, zmq.MessageTracker | None]:
+        """`send` if `peer`'s queue takes the message at once: (True, what `send` returns);
+        (False, None), nothing sent, if it would have to wait."""
+        try:
+            return True, self._send(peer, key, array, step, track, zmq.NOBLOCK)
+        except zmq.Again:
+            return False, None
+
+    def _send(self, peer: str, key: str, array: Any, step: int, track: bool,
+              flags: int) -> zmq.MessageTracker | None:
         sock = self._push.get(peer)
         if sock is None:
             raise TransportError(f"{self.name}: no peer {peer!r} to send {key!r} to "
                                  f"(connected: {', '.join(self._push) or 'none'})")
         a, dtype = wire_array(array, lambda: f"{self.name}: tensor {key!r}")
-        ring = self._ring(peer) if wait and a.nbytes >= RING_MIN_BYTES else None
+        ring = self._ring(peer) if a.nbytes >= RING_MIN_BYTES else None
         ref = ring.put(a) if ring is not None else None
         header = tensor_header(key, self.name, dtype, a.shape, step, ref)
-        if not wait:
-            try:
-                sock.send_multipart([header, a], zmq.NOBLOCK)
-            except zmq.ZMQError:  # (Again: its queue is full or it is not connected)
-                pass
+        try:  # (a message's later frames always go once its first has: zmq queues it whole)
+            sock.send(header, flags | zmq.SNDMORE)
+        except zmq.ZMQError:
+            if ring is not None and ref is not None:
+                ring.release(ref)
+            raise
+        if ref is not None:
+            sock.send(b"", flags)
             return None
-        try:
-            sock.send(header, zmq.SNDMORE)
-            if ref is not None:
-                sock.send(b"")
-                return None
-            if a.nbytes >= ZERO_COPY_MIN:
-                return sock.send(a, copy=False, track=track)
-            sock.send(a, copy=True)
-            return None
-        except zmq.Again:
-            if ref is not None:
-                self._rings[peer].release(ref)
-            raise PeerTimeout(f"{self.name}: could not send tensor {key!r} to {peer} within "
-                              f"{self.timeout:g}s (peer not connected, or its queue of "
-                              f"{sock.sndhwm} messages is full)", peer, key) from None
+        if a.nbytes >= ZERO_COPY_MIN:
+            return sock.send(a, flags, copy=False, track=track)
+        sock.send(a, flags, copy=True)
+        return None
 
     def _ring(self, peer: str) -> SendRing | None:
         """The shared-memory ring to `peer`, if it is on this machine and /dev/shm has room."""
@@ -389,7 +346,7 @@ class Endpoint:
             for sock in (self._wake_rx, self._wake_tx):
                 sock.close()
         if self._domain:
-            _disallow(self._ctx, self._domain)
+            disallow_clients(self._ctx, self._domain)
             self._domain = ""
 
     def __enter__(self) -> Endpoint:
