@@ -152,3 +152,20 @@ def test_files_are_gone_once_mapped_even_if_the_sender_is_killed(tmp_path):
             proc.kill()
             proc.wait(timeout=30)
         assert [float(h[-1]) for h in held] == [1.0, 2.0, 3.0]  # mappings outlive the sender
+
+
+def test_a_full_dev_shm_sends_by_the_socket(pair, monkeypatch):
+    """/dev/shm refuses a slot (ENOSPC from posix_fallocate, say): the socket carries it."""
+    import errno
+
+    from graphflow.transport import ring as ring_module
+    a, b = pair
+
+    def full(name, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ring_module, "create_ours", full)
+    a.send("b", "k", np.full(BIG, 5.0, np.float32))  # no ring can even be made
+    got = b.recv("k", "a")
+    assert got[0] == 5.0 and not isinstance(got.base, np.ndarray)
+    assert "b" not in a._local and a._rings == {}

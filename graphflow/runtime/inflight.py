@@ -60,7 +60,10 @@ class FeedBuffers:
         if free:
             out = free.pop()
         elif self.shared is not None and math.prod(shape) * dtype.itemsize >= SHARE_MIN_BYTES:
-            out = self.shared.empty(shape, dtype)
+            try:
+                out = self.shared.empty(shape, dtype)
+            except OSError:  # /dev/shm is full: this feed travels in the message
+                out = np.empty(shape, dtype)
         else:
             out = np.empty(shape, dtype)
         step.buffers.append((worker, out))

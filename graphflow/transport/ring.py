@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
 import re
 import threading
 import uuid
@@ -30,35 +29,13 @@ from typing import Any
 import numpy as np
 
 from graphflow.transport.frames import FrameError, array_nbytes, describe
-from graphflow.transport.shared import SHARED_DIR, map_ours
+from graphflow.transport.shared import create_ours, map_ours, unlink_ours
 
 RING_MIN_BYTES = 64 * 1024     # smaller tensors ride in the message (cheaper than a slot)
 MAX_SLOTS = 64                 # slots per peer
 MAX_RING_BYTES = 512 << 20     # bytes of slots per peer
 FLAG_STRIDE = 64               # a cache line per busy byte: the two processes write them
 _NAME = re.compile(r"graphflow-ring-[0-9a-f]{32}-(flags|[0-9]{1,3})")
-
-
-def _create(name: str, size: int) -> mmap.mmap:
-    """A new file of `size` bytes in /dev/shm, mapped; OSError if the space is not there
-    (its pages are taken now: a full tmpfs would kill the process later with SIGBUS)."""
-    path = os.path.join(SHARED_DIR, name)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.posix_fallocate(fd, 0, size)
-        return mmap.mmap(fd, size)
-    except OSError:
-        _unlink(name)
-        raise
-    finally:
-        os.close(fd)
-
-
-def _unlink(name: str) -> None:
-    try:
-        os.unlink(os.path.join(SHARED_DIR, name))
-    except FileNotFoundError:
-        pass
 
 
 class SendRing:
@@ -68,7 +45,7 @@ class SendRing:
 
     def __init__(self) -> None:
         self.prefix = f"graphflow-ring-{uuid.uuid4().hex}-"
-        self._flags_mm = _create(self.prefix + "flags", MAX_SLOTS * FLAG_STRIDE)
+        self._flags_mm = create_ours(self.prefix + "flags", MAX_SLOTS * FLAG_STRIDE)
         self.flags = np.frombuffer(self._flags_mm, np.uint8)[::FLAG_STRIDE]
         self._slots: list[np.ndarray] = []   # slot i's bytes
         self._bytes = 0
@@ -86,7 +63,7 @@ class SendRing:
             i = len(self._slots)
             size = max(a.nbytes, RING_MIN_BYTES)
             try:
-                self._slots.append(np.frombuffer(_create(f"{self.prefix}{i}", size), np.uint8))
+                self._slots.append(np.frombuffer(create_ours(f"{self.prefix}{i}", size), np.uint8))
             except OSError:
                 self._full = True
                 return None
@@ -109,7 +86,7 @@ class SendRing:
     def close(self) -> None:
         """Unlink the files the receiver has not (idempotent); the mappings last while used."""
         for name in self._names:
-            _unlink(name)
+            unlink_ours(name)
         self._names.clear()
 
 
@@ -142,7 +119,7 @@ class RingViews:
             mm = self._maps.get(name)
             if mm is None:
                 mm = self._maps[name] = map_ours(name, describe(where), write)
-                _unlink(name)  # mapped at both ends now: nothing is left in /dev/shm
+                unlink_ours(name)  # mapped at both ends now: nothing is left in /dev/shm
         if len(mm) < size:
             raise FrameError(f"{describe(where)}: needs {size} bytes, slot {name} has {len(mm)}")
         return mm

@@ -52,17 +52,12 @@ class SharedArrays:
         self._count = 0
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """A new C-contiguous array in shared memory (to fill, then send with `ref`)."""
+        """A new C-contiguous array in shared memory (to fill, then send with `ref`); OSError
+        if /dev/shm cannot hold it."""
         self._count += 1
         name = f"{self._prefix}{self._count}"
-        size = max(1, math.prod(shape) * dtype.itemsize)
-        fd = os.open(os.path.join(SHARED_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        buf = create_ours(name, max(1, math.prod(shape) * dtype.itemsize))
         self._unsettled.add(name)
-        try:
-            os.ftruncate(fd, size)
-            buf = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
         a = np.frombuffer(buf, dtype, math.prod(shape)).reshape(shape)
         self._buffers[id(a)] = (name, a)
         return a
@@ -82,18 +77,34 @@ class SharedArrays:
         name, mine = self._buffers.get(id(a), ("", None))
         if mine is a and name in self._unsettled:
             self._unsettled.discard(name)
-            _unlink(os.path.join(SHARED_DIR, name))
+            unlink_ours(name)
 
     def close(self) -> None:
         """Unlink the files not yet settled (idempotent; the mappings last while used)."""
         for name in self._unsettled:
-            _unlink(os.path.join(SHARED_DIR, name))
+            unlink_ours(name)
         self._unsettled.clear()
 
 
-def _unlink(path: str) -> None:
+def create_ours(name: str, size: int) -> mmap.mmap:
+    """A new file /dev/shm/`name` of `size` bytes, mapped read-write; OSError if /dev/shm
+    cannot hold it. Its pages are taken now: on a full tmpfs a file only truncated to size
+    kills the process with SIGBUS at the first write to a page it has no room for."""
+    fd = os.open(os.path.join(SHARED_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.unlink(path)
+        os.posix_fallocate(fd, 0, size)
+        return mmap.mmap(fd, size)
+    except OSError:
+        unlink_ours(name)
+        raise
+    finally:
+        os.close(fd)
+
+
+def unlink_ours(name: str) -> None:
+    """Remove /dev/shm/`name`, if it is still there."""
+    try:
+        os.unlink(os.path.join(SHARED_DIR, name))
     except FileNotFoundError:
         pass
 
