@@ -45,11 +45,9 @@ class SendRing:
 
     def __init__(self) -> None:
         self.prefix = f"graphflow-ring-{uuid.uuid4().hex}-"
-        self._flags_mm = create_ours(self.prefix + "flags", MAX_SLOTS * FLAG_STRIDE)
-        self.flags = np.frombuffer(self._flags_mm, np.uint8)[::FLAG_STRIDE]
-        self._slots: list[np.ndarray] = []   # slot i's bytes
-        self._bytes = 0
-        self._names = [self.prefix + "flags"]  # files to unlink at close
+        flags = create_ours(self.prefix + "flags", MAX_SLOTS * FLAG_STRIDE)
+        self.flags = np.frombuffer(flags, np.uint8)[::FLAG_STRIDE]  # (holds the mapping)
+        self._slots: list[np.ndarray] = []   # slot i's bytes, file prefix + i
         self._full = False  # /dev/shm refused a slot: grow no more
 
     def put(self, a: np.ndarray) -> list[Any] | None:
@@ -59,7 +57,7 @@ class SendRing:
         if free:
             i = min(free, key=lambda j: self._slots[j].nbytes)
         elif (not self._full and len(self._slots) < MAX_SLOTS
-              and self._bytes + a.nbytes <= MAX_RING_BYTES):
+              and sum(s.nbytes for s in self._slots) + a.nbytes <= MAX_RING_BYTES):
             i = len(self._slots)
             size = max(a.nbytes, RING_MIN_BYTES)
             try:
@@ -67,8 +65,6 @@ class SendRing:
             except OSError:
                 self._full = True
                 return None
-            self._names.append(f"{self.prefix}{i}")
-            self._bytes += size
         else:
             return None
         self.flags[i] = 1  # busy until the receiver's last view of it is freed
@@ -85,9 +81,8 @@ class SendRing:
 
     def close(self) -> None:
         """Unlink the files the receiver has not (idempotent); the mappings last while used."""
-        for name in self._names:
-            unlink_ours(name)
-        self._names.clear()
+        for name in ["flags", *map(str, range(len(self._slots)))]:
+            unlink_ours(self.prefix + name)
 
 
 class RingViews:
