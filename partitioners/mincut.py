@@ -4,8 +4,9 @@ within (1 + eps) * total / parts.
 Nodes are first contracted into atoms: a forward node with its backward nodes and the
 parameters it consumes first (and their gradients). An atom heavier than the balance cap is
 split into single nodes, keeping each parameter with its gradient. Seeds (cost-balanced
-contiguous stages, and METIS when pymetis imports) are refined by greedy single-atom moves
-that lower (overload, cut bytes); the best result wins.
+contiguous stages, a greedy packing, networkx's Kernighan-Lin bisection, and METIS when pymetis
+imports) are refined by greedy single-atom moves that lower (overload, cut bytes); the best
+result wins.
 
 >>> import graphflow as gf
 >>> from graphflow.costmodel import CostModel
@@ -20,6 +21,8 @@ True
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+import networkx as nx
 
 from graphflow.costmodel import LOCAL_OPS, CostModel, tensor_bytes
 from graphflow.ir import Graph, Node
@@ -204,6 +207,31 @@ def _metis_seed(prob: _Problem, eps: float) -> list[int] | None:
     return [int(p) for p in parts]
 
 
+def _networkx_seed(prob: _Problem) -> list[int]:
+    """Recursive Kernighan-Lin bisection of the atom graph, edges weighted by the bytes between
+    atoms. It halves the atoms' count, not their compute; the refinement balances it. Beside
+    METIS it still pays: speech-mlp on 4 workers cuts 231 MB a step from it, 257 from the
+    others; METIS's seed wins on digits-lc on 2 (8.4 MB against 9.2)."""
+    g = nx.Graph()
+    g.add_nodes_from(range(len(prob.keys)))
+    for src, dst, nbytes in prob.tensors:
+        for d in dst:
+            g.add_edge(src, d, weight=g.get_edge_data(src, d, {"weight": 0})["weight"] + nbytes)
+    part = [0] * len(prob.keys)
+    groups = [(list(range(len(prob.keys))), 0, prob.parts)]  # atoms, first part, parts
+    while groups:
+        atoms, first, k = groups.pop()
+        if k == 1 or len(atoms) < 2:
+            for a in atoms:
+                part[a] = first
+            continue
+        halves = nx.algorithms.community.kernighan_lin_bisection(g.subgraph(atoms),
+                                                                 weight="weight", seed=0)
+        groups += [(sorted(halves[0]), first, k // 2), (sorted(halves[1]), first + k // 2,
+                                                        k - k // 2)]
+    return part
+
+
 def place(graph: Graph, parts: int, cost: CostModel | None = None,
           eps: float = 0.1) -> tuple[Graph, dict[str, int]]:
     """Minimise cut bytes subject to each worker's compute <= (1 + eps) * total / parts (when
@@ -217,7 +245,8 @@ def place(graph: Graph, parts: int, cost: CostModel | None = None,
     best: tuple[tuple[float, int, float], _Problem, list[int]] | None = None
     for limit in (cap, cap / 2, cap / 4, 0.0):  # coarse atoms cut less, fine ones balance
         prob = _Problem(graph, seconds, cost.batch, parts, cap, limit)
-        seeds = [balanced_stages(prob.weight, parts), _packed_seed(prob), _metis_seed(prob, eps)]
+        seeds = [balanced_stages(prob.weight, parts), _packed_seed(prob), _networkx_seed(prob),
+                 _metis_seed(prob, eps)]
         for seed in seeds:
             if seed is not None:
                 part = _refine(prob, seed)

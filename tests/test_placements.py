@@ -148,13 +148,32 @@ def test_layerwise_balances_speech_mlp():
 @pytest.mark.parametrize("metis", [True, False])
 @pytest.mark.parametrize("workload", sorted(BUILDERS))
 def test_mincut_respects_the_balance_constraint(workloads, workload, metis, monkeypatch):
+    if metis and mincut.pymetis is None:
+        pytest.skip("pymetis is not installed (pip install -e '.[dev]' installs it)")
     if not metis:
-        monkeypatch.setattr(mincut, "pymetis", None)  # without METIS: greedy seeds and refinement
+        monkeypatch.setattr(mincut, "pymetis", None)  # without METIS: the other seeds alone
     model, _ = workloads[workload]
     for parts in range(1, 5):
         _, placement = mincut.place(model.graph, parts, COST, eps=0.1)
         loads = _loads(model.graph, placement, parts)
         assert max(loads) <= 1.1 * sum(loads) / parts * (1 + 1e-9), (parts, loads)
+
+
+@pytest.mark.parametrize("seed, workload, parts", [("_networkx_seed", "speech-mlp", 4),
+                                                    ("_metis_seed", "digits-lc", 2)])
+def test_mincut_seeds_from_graph_partitioners_count(workloads, seed, workload, parts,
+                                                    monkeypatch):
+    """networkx's Kernighan-Lin and METIS each give a cut here that no other seed reaches."""
+    if seed == "_metis_seed" and mincut.pymetis is None:
+        pytest.skip("pymetis is not installed (pip install -e '.[dev]' installs it)")
+    model, _ = workloads[workload]
+    _, with_it = mincut.place(model.graph, parts, COST)
+    monkeypatch.setattr(mincut, seed, lambda *args: None)
+    _, without = mincut.place(model.graph, parts, COST)
+    cut = mincut.cut_bytes(model.graph, with_it, 64)
+    assert cut < mincut.cut_bytes(model.graph, without, 64)
+    loads = _loads(model.graph, with_it, parts)
+    assert max(loads) <= 1.1 * sum(loads) / parts * (1 + 1e-9)
 
 
 def test_mincut_cut_is_no_worse_than_layerwise_somewhere(workloads):
