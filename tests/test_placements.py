@@ -145,11 +145,13 @@ def test_layerwise_balances_speech_mlp():
     assert placement["fc1/matmul"] == 0 and placement["out/matmul"] == 1
 
 
-@pytest.mark.parametrize("metis", [True, False])
+NEEDS_METIS = pytest.mark.skipif(mincut.pymetis is None,
+                                 reason="pymetis is not installed (the dev extra installs it)")
+
+
+@pytest.mark.parametrize("metis", [pytest.param(True, marks=NEEDS_METIS), False])
 @pytest.mark.parametrize("workload", sorted(BUILDERS))
 def test_mincut_respects_the_balance_constraint(workloads, workload, metis, monkeypatch):
-    if metis and mincut.pymetis is None:
-        pytest.skip("pymetis is not installed (pip install -e '.[dev]' installs it)")
     if not metis:
         monkeypatch.setattr(mincut, "pymetis", None)  # without METIS: the other seeds alone
     model, _ = workloads[workload]
@@ -159,13 +161,12 @@ def test_mincut_respects_the_balance_constraint(workloads, workload, metis, monk
         assert max(loads) <= 1.1 * sum(loads) / parts * (1 + 1e-9), (parts, loads)
 
 
-@pytest.mark.parametrize("seed, workload, parts", [("_networkx_seed", "speech-mlp", 4),
-                                                    ("_metis_seed", "digits-lc", 2)])
+@pytest.mark.parametrize("seed, workload, parts", [
+    ("_networkx_seed", "speech-mlp", 4),
+    pytest.param("_metis_seed", "digits-lc", 2, marks=NEEDS_METIS)])
 def test_mincut_seeds_from_graph_partitioners_count(workloads, seed, workload, parts,
                                                     monkeypatch):
     """networkx's Kernighan-Lin and METIS each give a cut here that no other seed reaches."""
-    if seed == "_metis_seed" and mincut.pymetis is None:
-        pytest.skip("pymetis is not installed (pip install -e '.[dev]' installs it)")
     model, _ = workloads[workload]
     _, with_it = mincut.place(model.graph, parts, COST)
     monkeypatch.setattr(mincut, seed, lambda *args: None)
