@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from graphflow.prediction import MICROBATCH_CHOICES
+
 
 def run(*args):
     return subprocess.run([sys.executable, "-m", "graphflow.cli", *args], capture_output=True,
@@ -81,7 +83,8 @@ def test_train_chooses_the_micro_batch_count(tmp_path, monkeypatch):
     r = run("train", "digits-lc", "--parts", "2", "--strategy", "layerwise", "--microbatches",
             "auto", "--steps", "4", "--batch", "32", "--json", "--no-progress")
     assert r.returncode == 0, r.stderr
-    assert re.search(r"micro-batches: [248] \(auto\)", r.stderr), r.stderr
+    chosen = re.search(r"micro-batches: (\d+) \(auto\)", r.stderr)
+    assert chosen and int(chosen[1]) in MICROBATCH_CHOICES, r.stderr  # (3 joined 2, 4, 8 later)
     assert json.loads(r.stdout)["final_loss"] > 0
     r = run("train", "digits-lc", "--parts", "2", "--strategy", "spatial", "--microbatches",
             "auto", "--steps", "1", "--batch", "32", "--json", "--no-progress")
