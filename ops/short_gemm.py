@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from graphflow.ops import rules
 from graphflow.ops.simd import prefetch, vfma, vload, vsplat, vstore4, vzero
 
 MAX_DEPTH = 256   # measured gains: 2x at 16 rows, 1.5x at 64, 1.2x at 256, 1.1x at 512
@@ -32,11 +33,12 @@ def wins(m: int, n: int, k: int) -> bool:
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _tile(a: np.ndarray, b: np.ndarray, o: np.ndarray, i: int, j: int, m: int, n: int,
-          k: int, accumulate: bool, b_at: int) -> None:
-    """o[i:i+4, j:j+64] (+)= a[:, i:i+4].T @ b's panel (a, o flat: m, n columns; the panel's
-    k rows of 64 lie one after another in flat b from b_at: `_pack`)."""
-    rows = (i * n + j, (i + 1) * n + j, (i + 2) * n + j, (i + 3) * n + j)
+def _tile(a: np.ndarray, b: np.ndarray, o: np.ndarray, i: int, m: int, k: int,
+          accumulate: bool, b_at: int, o_at: int, o_stride: int) -> None:
+    """The 4 x 64 tile of flat o at o_at, rows o_stride apart, (+)= a[:, i:i+4].T @ b's panel
+    (a flat, m columns; the panel's k rows of 64 lie one after another in flat b from b_at:
+    `_pack`)."""
+    rows = (o_at, o_at + o_stride, o_at + 2 * o_stride, o_at + 3 * o_stride)
     if accumulate:  # the tile's lines come in while the sums run, and are read after them
         for r in rows:  # (asked for earlier, or read first, both measured slower: 1.3-1.6x)
             for line in range(0, PANEL, 16):
@@ -70,15 +72,15 @@ def _put(o: np.ndarray, r: int, c0: Any, c1: Any, c2: Any, c3: Any, accumulate: 
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _row(a: np.ndarray, b: np.ndarray, o: np.ndarray, i: int, j: int, m: int, n: int, k: int,
-         accumulate: bool, b_at: int) -> None:
-    """o[i, j:j+64] (+)= a[:, i] @ b's panel (as `_tile`): the rows below the last whole 4."""
+def _row(a: np.ndarray, b: np.ndarray, o: np.ndarray, i: int, m: int, k: int,
+         accumulate: bool, b_at: int, o_at: int) -> None:
+    """o[o_at:o_at+64] (+)= a[:, i] @ b's panel (as `_tile`): the rows below the last whole 4."""
     c0 = c1 = c2 = c3 = vzero()
     for p in range(k):
         q, x = b_at + p * PANEL, vsplat(a[p * m + i])
         c0, c1 = vfma(x, vload(b, q), c0), vfma(x, vload(b, q + 16), c1)
         c2, c3 = vfma(x, vload(b, q + 32), c2), vfma(x, vload(b, q + 48), c3)
-    _put(o, i * n + j, c0, c1, c2, c3, accumulate)
+    _put(o, o_at, c0, c1, c2, c3, accumulate)
 
 
 @njit(nogil=True, cache=True)
@@ -92,7 +94,6 @@ def _pack(b: np.ndarray, n: int, k: int, j0: int, j1: int, out: np.ndarray) -> N
             s, q = s + PANEL, q + k * PANEL
 
 
-@njit(nogil=True, cache=True)
 def matmul_tn(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool) -> int:
     """out[:, :c] = a.T @ b[:, :c], or with `accumulate` out[:, :c] += ..., for C-contiguous
     float32 a (k, m), b (k, n), out (m, n), where c is n rounded down to whole 64-column
@@ -104,6 +105,28 @@ def matmul_tn(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool) -
     few cache sets (how few depends on where a process's pages fell). Read from b, the 2560 x
     8192 weight gradient over 64 rows took 15.6-19.9 ms in eight worker processes, copied
     12.7-13.1 (in one process, interleaved: 15.7 against 12.6; 2560 x 2560, 4.6 against 4.0)."""
+    none = out.reshape(-1)[:0]
+    return _tn(a, b, out, accumulate, -1, none, none, 0.0, 0.0, 0.0, 0.0)
+
+
+def matmul_tn_update(a: np.ndarray, b: np.ndarray, p: np.ndarray, rule: int, s: np.ndarray,
+                     y: np.ndarray, lr: float, mu: float, eps: float, scale: float) -> None:
+    """Update p (m, n) by `rule` (ops/rules.py, with its state s) from the gradient
+    `scale * (a.T @ b + y)` (y: a sum over earlier micro-batches, or empty): each 4 rows of
+    the product, over a chunk of columns, go to the rule while they are in L1, so the product
+    is never written out and read back (two passes over an array as large as p). For
+    C-contiguous float32 a (k, m), b (k, n), p (m, n), n whole 64-column panels."""
+    if b.shape[1] % PANEL or not wins(*p.shape, a.shape[0]):
+        raise ValueError(f"matmul_tn_update: no tiles for a product {p.shape} over "
+                         f"{a.shape[0]} rows")
+    _tn(a, b, p, False, rule, s.reshape(-1), y.reshape(-1), lr, mu, eps, scale)
+
+
+# error_model="numpy": the update rules divide (ops/rules.py)
+@njit(nogil=True, cache=True, error_model="numpy")
+def _tn(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool, rule: int,
+        s: np.ndarray, y: np.ndarray, lr: float, mu: float, eps: float, scale: float) -> int:
+    """`matmul_tn` (rule < 0), or `matmul_tn_update` with out as p."""
     k, m = a.shape
     n = b.shape[1]
     c = n - n % PANEL
@@ -111,13 +134,34 @@ def matmul_tn(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool) -
     flat_a, flat_b, flat_out = a.reshape(-1), b.reshape(-1), out.reshape(-1)
     chunk = max(PANEL, CHUNK_BYTES // (4 * max(k, 1)) // PANEL * PANEL)
     panels = np.empty(k * min(chunk, c), np.float32)
+    rows = np.empty(4 * min(chunk, c), np.float32)  # a row block on its way to the rule (L1)
     for j0 in range(0, c, chunk):
         j1 = min(c, j0 + chunk)
         _pack(flat_b, n, k, j0, j1, panels)
+        w = j1 - j0
         for i in range(0, m4, 4):
             for j in range(j0, j1, PANEL):
-                _tile(flat_a, panels, flat_out, i, j, m, n, k, accumulate, (j - j0) * k)
+                if rule < 0:
+                    _tile(flat_a, panels, flat_out, i, m, k, accumulate, (j - j0) * k,
+                          i * n + j, n)
+                else:
+                    _tile(flat_a, panels, rows, i, m, k, False, (j - j0) * k, j - j0, w)
+                    if i + 4 < m4:  # the next row block's part of p, for its rule
+                        for r in range(4):
+                            for line in range(0, PANEL, 16):
+                                prefetch(flat_out, (i + 4 + r) * n + j + line)
+                                if y.size:
+                                    prefetch(y, (i + 4 + r) * n + j + line)
+            if rule >= 0:  # (a call per tile's row of 64 instead: 1.7-3.5x slower)
+                for r in range(4):
+                    rules.run(rule, flat_out, s, rows, r * w, y, (i + r) * n + j0, w, lr, mu,
+                              eps, scale)
         for i in range(m4, m):
             for j in range(j0, j1, PANEL):
-                _row(flat_a, panels, flat_out, i, j, m, n, k, accumulate, (j - j0) * k)
+                if rule < 0:
+                    _row(flat_a, panels, flat_out, i, m, k, accumulate, (j - j0) * k, i * n + j)
+                else:
+                    _row(flat_a, panels, rows, i, m, k, False, (j - j0) * k, j - j0)
+            if rule >= 0:
+                rules.run(rule, flat_out, s, rows, 0, y, i * n + j0, w, lr, mu, eps, scale)
     return c

@@ -11,11 +11,14 @@ array([1., 1., 1.], dtype=float32)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 import numpy as np
 
+from graphflow.ir import Graph, Node
 from graphflow.ops import aligned
+from graphflow.optim import Optimizer
 
 
 class Updater(Protocol):
@@ -80,6 +83,19 @@ class GradientSums:
             self.averaged.add(name)
         return self.sums[name]
 
+    def apply_product(self, updater: Updater, param: str, value: np.ndarray, grad: str,
+                      a: np.ndarray, b: np.ndarray) -> bool:
+        """`apply` where the gradient's last part is the product a.T @ b, not yet computed: an
+        Optimizer computes it in the update's own pass (`update_product`). False, and nothing
+        done, where it cannot (a parameter server's link, shapes its kernel does not take)."""
+        if param in self.applied or not isinstance(updater, Optimizer) or grad in self.tails:
+            return False
+        if not updater.update_product(param, value, a, b, 1.0 / self.microbatches,
+                                      self.sums.get(grad)):
+            return False
+        self.applied.add(param)
+        return True
+
     def apply(self, updater: Updater, param: str, value: np.ndarray, grad: str) -> None:
         """Update `param` (its array `value`) from gradient `grad`'s average, unless done."""
         if param in self.applied:
@@ -90,3 +106,18 @@ class GradientSums:
         else:  # averaged as the update reads it: no pass over the sum of its own
             updater.update(param, value, self.sums[grad], 1.0 / self.microbatches,
                            self.tails.pop(grad, None))
+
+
+def product_gradients(graph: Graph, grads: Mapping[str, str],
+                      users: Mapping[Node, list[Node]]) -> dict[Node, str]:
+    """Gradient node -> its parameter, where the gradient is x.T @ dy and read by nothing else,
+    and only matmuls read the parameter: their results are new arrays, where a view of it (a
+    transpose, a reshape) read after the update would see the new values, and a send of it
+    might still be on its way."""
+    out: dict[Node, str] = {}
+    for p, g in grads.items():
+        n = graph[g]
+        if n.op == "matmul" and n.attrs.get("transpose_a") and not n.attrs.get("transpose_b") \
+                and not users[n] and all(u.op == "matmul" for u in users[graph[p]]):
+            out[n] = p
+    return out

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 from graphflow.ir import SOURCE_OPS, Node
 
 SCHEDULES = ("gpipe", "1f1b", "eager")
@@ -222,3 +224,23 @@ def simulate(kind: str, microbatches: int, forward: Sequence[float], backward: S
         if not progressed:
             raise ValueError(f"schedule '{kind}' deadlocks with {stages} stages")
     return free
+
+
+def split_batch(name: str, value: np.ndarray, parts: int) -> list[np.ndarray]:
+    """Feed `name`'s batch in `parts` micro-batches (`microbatch_rows`)."""
+    if parts == 1:
+        return [value]
+    if value.ndim == 0 or len(value) < parts:
+        raise ValueError(f"feed '{name}' of shape {value.shape}: its batch cannot make "
+                         f"{parts} micro-batches")
+    return np.split(value, np.cumsum(microbatch_rows(len(value), parts))[:-1])
+
+
+def combine(name: str, values: list[np.ndarray], rows: list[int]) -> np.ndarray:
+    """A fetched value over micro-batches: scalars (mean losses) averaged, each weighted by
+    its micro-batch's rows; tensors joined."""
+    if len(values) == 1:
+        return values[0]
+    if values[0].ndim == 0:
+        return np.asarray(np.average(values, weights=rows), dtype=values[0].dtype)
+    return np.concatenate(values)

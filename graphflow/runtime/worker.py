@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,12 +27,13 @@ from graphflow.ops.registry import REGISTRY
 from graphflow.optim import OPTIMIZERS, Optimizer
 from graphflow.runtime import pipeline
 from graphflow.runtime.backlog import Backlog, early_updates, weight_groups
-from graphflow.runtime.gradients import GradientSums, Updater
+from graphflow.runtime.gradients import GradientSums, Updater, product_gradients
 from graphflow.runtime.mailbox import Mailbox, StepFailed, worker_name
 from graphflow.trace.recorder import EXECUTOR, Recorder, clock
 from graphflow.transport.endpoint import Endpoint
 
 UNTRACED = frozenset({"parameter", "constant"})  # no work to show
+UPDATED = np.zeros(0, np.float32)  # a gradient's value where its gemm ran the update instead
 
 
 @dataclass
@@ -44,25 +45,8 @@ class _Run:
     pending_users: dict[Node, int]
     into: dict[Node, np.ndarray] = field(default_factory=dict)
     seed_scale: float = 1.0  # the micro-batch's weight (see `pipeline.microbatch_rows`)
-
-
-def _split_batch(name: str, value: np.ndarray, parts: int) -> list[np.ndarray]:
-    if parts == 1:
-        return [value]
-    if value.ndim == 0 or len(value) < parts:
-        raise ValueError(f"feed '{name}' of shape {value.shape}: its batch cannot make "
-                         f"{parts} micro-batches")
-    return np.split(value, np.cumsum(pipeline.microbatch_rows(len(value), parts))[:-1])
-
-
-def _combine(name: str, values: list[np.ndarray], rows: list[int]) -> np.ndarray:
-    """A fetched value over micro-batches: scalars (mean losses) averaged, each weighted by
-    its micro-batch's rows; tensors joined."""
-    if len(values) == 1:
-        return values[0]
-    if values[0].ndim == 0:
-        return np.asarray(np.average(values, weights=rows), dtype=values[0].dtype)
-    return np.concatenate(values)
+    # (parameter, its gradient gemm's inputs) -> whether it was updated in that gemm's pass
+    update: Callable[[str, list[np.ndarray]], bool] | None = None
 
 
 class Worker:
@@ -86,6 +70,7 @@ class Worker:
         self.position = {n: i for i, n in enumerate(self.order)}
         self.recvs = {n.attrs["key"]: n for n in self.order if n.op == "recv"}
         self.grad_nodes = set(self.grads.values())
+        self.products = product_gradients(graph, self.grads, self.users)
         self.stages = stages
         backward = {n for n in self.order if pipeline.is_backward(n)}
         weights = pipeline.deferred_weight_nodes(self.order, self.users,
@@ -148,7 +133,7 @@ class Worker:
             tasks: list[tuple[str, int]] = [("FB", 0)]
         else:
             tasks = pipeline.schedule(schedule, self.index, self.stages, microbatches)
-        parts = {k: _split_batch(k, v, microbatches) for k, v in feeds.items()}
+        parts = {k: pipeline.split_batch(k, v, microbatches) for k, v in feeds.items()}
         few_rows = max(sizes) <= small_gemm.MAX_ROWS  # (more go to BLAS, which packs its own)
         self.packed.begin_step(self.params, microbatches if few_rows else 0)
         keep = set(fetches) | set(self.grads.values())
@@ -173,7 +158,8 @@ class Worker:
                     self._collect(r, keep & self.l_names, got, sums, copy=False)
                 for group in backlog.waiting():
                     self._weight_group(backlog, group, keep, got, sums, w_tag, check_numerics,
-                                       last=True)
+                                       last=True, update=None if check_numerics else
+                                       self._in_gemm(sums, updater, fetches, group=group))
                     if updater is not None:  # its gradients are final: update now, while
                         # other stages compute, not when all stream memory at the end
                         self._update_early(group, sums, updater, fetches)
@@ -185,6 +171,8 @@ class Worker:
                     self._weight_group(backlog, group, keep, got, sums, w_tag, check_numerics)
             run = runs.setdefault(mb, _Run({}, dict(self.user_counts),
                                            seed_scale=microbatches * sizes[mb] / sum(sizes)))
+            if microbatches == 1 and not check_numerics:  # its gradients are final here
+                run.update = self._in_gemm(sums, updater, fetches, run.pending_users)
             self._dataflow(self.phases[phase], run, {k: v[mb] for k, v in parts.items()}, keep,
                            tag, check_numerics)
             if phase != "F":  # the micro-batch is complete
@@ -202,7 +190,7 @@ class Worker:
         if tr is not None:
             tr.add(EXECUTOR, "send", "send flush", t0, clock())
         t0 = clock()
-        out = {name: _combine(name, vs, sizes) for name, vs in got.items() if vs}
+        out = {name: pipeline.combine(name, vs, sizes) for name, vs in got.items() if vs}
         # a gradient only the update reads is averaged as the update reads it
         out.update({name: sums.mean(name) for name in sums.names()
                     if name in fetches or updater is None})
@@ -217,10 +205,12 @@ class Worker:
 
     def _weight_group(self, backlog: Backlog, group: int, keep: set[str],
                       got: dict[str, list[np.ndarray]], sums: GradientSums, tag: int,
-                      check_numerics: bool, last: bool = False) -> None:
+                      check_numerics: bool, last: bool = False,
+                      update: Callable[[str, list[np.ndarray]], bool] | None = None) -> None:
         """Run one group of the W phase over the micro-batches it has not taken (their inputs
         joined along the batch axis: one gemm per weight, however many micro-batches) and add
-        its gradients to `sums` (`last`: the step's last run, see GradientSums)."""
+        its gradients to `sums` (`last`: the step's last run, see GradientSums; `update`: the
+        run's, see `_in_gemm`)."""
         nodes = self.w_groups[group]
         # a gradient already summed from earlier micro-batches: its gemm adds straight into
         # the sum (beta = 1) instead of writing a new array that is then added. Not where
@@ -229,9 +219,29 @@ class Worker:
         running = {n: sums.running(n.name) for n in nodes if not last and not self.users[n]
                    and REGISTRY[n.op].accumulate}
         into = {n: total for n, total in running.items() if total is not None}
-        run = _Run(backlog.take(group), dict(self.user_counts), into)
+        run = _Run(backlog.take(group), dict(self.user_counts), into, update=update)
         self._dataflow(nodes, run, {}, keep, tag, check_numerics)
         self._collect(run, keep, got, sums, copy=False, last=last)
+
+    def _in_gemm(self, sums: GradientSums, updater: Updater | None, fetches: list[str],
+                 pending_users: dict[Node, int] | None = None, group: int = -1,
+                 ) -> Callable[[str, list[np.ndarray]], bool] | None:
+        """A run's `update`: a parameter whose gradient is the product x.T @ dy is updated in
+        that gemm's own pass (Optimizer.update_product: the gradient is never written out and
+        read back), once nothing of the step reads the parameter any more: in a run of the
+        whole step, when its users there have all run (`pending_users`); in the W phase's last
+        run of `group`, when the group makes its gradient final (`early_updates`). Not for a
+        fetched gradient, nor without an updater."""
+        if updater is None:
+            return None
+        final = set(self.w_updates[group]) if pending_users is None else set(self.grads)
+
+        def update(param: str, inputs: list[np.ndarray]) -> bool:
+            return (param in final and self.grads[param] not in fetches
+                    and (pending_users is None or pending_users[self.graph[param]] == 0)
+                    and sums.apply_product(updater, param, self.params[param],
+                                           self.grads[param], *inputs))
+        return update
 
     def _update_early(self, group: int, sums: GradientSums, updater: Updater,
                       fetches: list[str]) -> None:
@@ -252,6 +262,8 @@ class Worker:
             if node not in run.values:
                 continue  # computed in another phase
             value = run.values[node]
+            if value is UPDATED:
+                continue
             if name in self.grad_nodes:
                 sums.add(name, value, copy, last)
             else:
@@ -338,6 +350,9 @@ class Worker:
                 raise StepFailed(located(n, f"is not fed on {worker_name(self.index)}"))
             return checked_value(n, feeds[n.name])
         inputs = [run.values[x] for x in n.inputs]
+        if run.update is not None and n in self.products and run.update(self.products[n],
+                                                                         inputs):
+            return UPDATED
         if n in run.into:
             return accumulate_kernel(n, inputs, run.into[n], check_numerics)
         if n.op == "send":
