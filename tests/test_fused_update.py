@@ -83,11 +83,9 @@ def mlp() -> Model:
     return Model("mlp", g, x, y, logits, loss)
 
 
-@pytest.mark.parametrize(("parts", "microbatches"), [(1, 1), (2, 1), (2, 2)])
-def test_workers_update_in_the_gemm_and_train_as_one_process(parts, microbatches,
-                                                             monkeypatch):
-    """One worker, two (a whole step each), two pipelined: each weight is updated in its
-    gradient's gemm every step, and the parameters after three steps are the Trainer's."""
+@pytest.fixture
+def fused(monkeypatch) -> list[str]:
+    """The parameters SGD.update_product updated (workers as threads of this process)."""
     calls: list[str] = []
     real = SGD.update_product
 
@@ -97,6 +95,13 @@ def test_workers_update_in_the_gemm_and_train_as_one_process(parts, microbatches
         return done
 
     monkeypatch.setattr(SGD, "update_product", spy)
+    return calls
+
+
+@pytest.mark.parametrize(("parts", "microbatches"), [(1, 1), (2, 1), (2, 2)])
+def test_workers_update_in_the_gemm_and_train_as_one_process(parts, microbatches, fused):
+    """One worker, two (a whole step each), two pipelined: each weight is updated in its
+    gradient's gemm every step, and the parameters after three steps are the Trainer's."""
     rng = np.random.default_rng(0)
     batches = [{"x": rng.standard_normal((8, 40)).astype(np.float32),
                 "y": rng.integers(0, 64, 8).astype(np.int32)} for _ in range(3)]
@@ -110,6 +115,47 @@ def test_workers_update_in_the_gemm_and_train_as_one_process(parts, microbatches
         for fed in batches:
             cluster.step(fed)
         got = plan.assemble(cluster.params())
-    assert sorted(calls) == sorted(["fc1/W", "fc2/W", "out/W"] * 3)
+    assert sorted(fused) == sorted(["fc1/W", "fc2/W", "out/W"] * 3)
+    for name, want in trainer.session.params.items():
+        np.testing.assert_allclose(got[name], want, rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_a_fetched_gradient_is_computed_not_fused(fused):
+    """A step that fetches out/W's gradient gets it whole (the update still runs, apart);
+    the other weights are updated in their gemms."""
+    rng = np.random.default_rng(3)
+    fed = {"x": rng.standard_normal((8, 40)).astype(np.float32),
+           "y": rng.integers(0, 64, 8).astype(np.int32)}
+    reference = mlp()
+    want_grad = gf.Session(reference.graph).run(
+        gf.gradients(reference.loss, [reference.graph["out/W"]])["out/W"],
+        {reference.x: fed["x"], reference.y: fed["y"]})
+    trainer = gf.Trainer(mlp(), SGD(0.5))
+    trainer.step(fed["x"], fed["y"])
+    model = mlp()
+    plan = partition(model.graph, 1, "layerwise", loss=model.loss)
+    with Cluster(plan, optimizer={"name": "sgd", "lr": 0.5}, timeout=60) as cluster:
+        got = cluster.run(fed, [plan.grads["out/W"]], train=True)[plan.grads["out/W"]]
+        params = plan.assemble(cluster.params())
+    assert sorted(fused) == ["fc1/W", "fc2/W"]
+    np.testing.assert_allclose(got, want_grad, rtol=0, atol=1e-6)
+    for name, want in trainer.session.params.items():
+        np.testing.assert_allclose(params[name], want, rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_pipelined_worker_processes_train_as_one_process():
+    rng = np.random.default_rng(4)
+    batches = [{"x": rng.standard_normal((8, 40)).astype(np.float32),
+                "y": rng.integers(0, 64, 8).astype(np.int32)} for _ in range(3)]
+    trainer = gf.Trainer(mlp(), SGD(0.5))
+    for fed in batches:
+        trainer.step(fed["x"], fed["y"])
+    model = mlp()
+    plan = partition(model.graph, 2, "layerwise", loss=model.loss)
+    with Cluster(plan, mode="processes", optimizer={"name": "sgd", "lr": 0.5},
+                 microbatches=2, timeout=60) as cluster:
+        for out in cluster.stream(batches):
+            assert np.isfinite(out[model.loss.name])
+        got = plan.assemble(cluster.params())
     for name, want in trainer.session.params.items():
         np.testing.assert_allclose(got[name], want, rtol=0, atol=1e-6, err_msg=name)
