@@ -1,8 +1,9 @@
 """The update rules, elementwise: SGD, momentum and DistBelief's Adagrad.
 
 One loop serves both passes that update a parameter: the optimizer's over a whole gradient
-(graphflow/optim.py) and the weight-gradient gemm's over each tile of the gradient it has just
-summed (`short_gemm.matmul_tn_update`), so the two give the same parameters, bit for bit.
+(graphflow/optim.py) and the weight-gradient gemm's over each block of rows of the gradient it
+has just summed (`short_gemm.matmul_tn_update`), so the two give the same parameters, bit for
+bit.
 
 Element i of the gradient is x[x_at + i - at] plus, where y has elements, y[i]: a gradient in
 two parts (a sum over earlier micro-batches and the last one's) is added as it is read.
@@ -28,8 +29,7 @@ def _element(x: np.ndarray, y: np.ndarray, i: int) -> float:
     return x[i] + y[i] if y.size else x[i]
 
 
-# error_model="numpy": no zero-division check in the loop, so it vectorises (Adagrad 5x).
-# inline: the gemm calls it for every 64 elements of a tile row; a call costs as much as them.
+# error_model="numpy": no zero-division check in the loop, so it vectorises (Adagrad 5x)
 @njit(cache=True, nogil=True, error_model="numpy")
 def run(rule: int, p: np.ndarray, s: np.ndarray, x: np.ndarray, x_at: int, y: np.ndarray,
         at: int, count: int, lr: float, mu: float, eps: float, scale: float) -> None:
