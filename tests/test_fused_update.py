@@ -98,16 +98,27 @@ def fused(monkeypatch) -> list[str]:
     return calls
 
 
+def mlp_batches(seed: int, steps: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.standard_normal((8, 40)).astype(np.float32),
+             "y": rng.integers(0, 64, 8).astype(np.int32)} for _ in range(steps)]
+
+
+def assert_trains_as_one_process(got: dict[str, np.ndarray],
+                                 batches: list[dict[str, np.ndarray]]) -> None:
+    """`got` (parameters by name) are the Trainer's after SGD(0.5) steps on `batches`."""
+    trainer = gf.Trainer(mlp(), SGD(0.5))
+    for fed in batches:
+        trainer.step(fed["x"], fed["y"])
+    for name, want in trainer.session.params.items():
+        np.testing.assert_allclose(got[name], want, rtol=0, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.parametrize(("parts", "microbatches"), [(1, 1), (2, 1), (2, 2)])
 def test_workers_update_in_the_gemm_and_train_as_one_process(parts, microbatches, fused):
     """One worker, two (a whole step each), two pipelined: each weight is updated in its
     gradient's gemm every step, and the parameters after three steps are the Trainer's."""
-    rng = np.random.default_rng(0)
-    batches = [{"x": rng.standard_normal((8, 40)).astype(np.float32),
-                "y": rng.integers(0, 64, 8).astype(np.int32)} for _ in range(3)]
-    trainer = gf.Trainer(mlp(), SGD(0.5))
-    for fed in batches:
-        trainer.step(fed["x"], fed["y"])
+    batches = mlp_batches(0, 3)
     model = mlp()
     plan = partition(model.graph, parts, "layerwise", loss=model.loss)
     with Cluster(plan, optimizer={"name": "sgd", "lr": 0.5}, microbatches=microbatches,
@@ -116,22 +127,17 @@ def test_workers_update_in_the_gemm_and_train_as_one_process(parts, microbatches
             cluster.step(fed)
         got = plan.assemble(cluster.params())
     assert sorted(fused) == sorted(["fc1/W", "fc2/W", "out/W"] * 3)
-    for name, want in trainer.session.params.items():
-        np.testing.assert_allclose(got[name], want, rtol=0, atol=1e-6, err_msg=name)
+    assert_trains_as_one_process(got, batches)
 
 
 def test_a_fetched_gradient_is_computed_not_fused(fused):
     """A step that fetches out/W's gradient gets it whole (the update still runs, apart);
     the other weights are updated in their gemms."""
-    rng = np.random.default_rng(3)
-    fed = {"x": rng.standard_normal((8, 40)).astype(np.float32),
-           "y": rng.integers(0, 64, 8).astype(np.int32)}
+    fed = mlp_batches(3, 1)[0]
     reference = mlp()
     want_grad = gf.Session(reference.graph).run(
         gf.gradients(reference.loss, [reference.graph["out/W"]])["out/W"],
         {reference.x: fed["x"], reference.y: fed["y"]})
-    trainer = gf.Trainer(mlp(), SGD(0.5))
-    trainer.step(fed["x"], fed["y"])
     model = mlp()
     plan = partition(model.graph, 1, "layerwise", loss=model.loss)
     with Cluster(plan, optimizer={"name": "sgd", "lr": 0.5}, timeout=60) as cluster:
@@ -139,17 +145,11 @@ def test_a_fetched_gradient_is_computed_not_fused(fused):
         params = plan.assemble(cluster.params())
     assert sorted(fused) == ["fc1/W", "fc2/W"]
     np.testing.assert_allclose(got, want_grad, rtol=0, atol=1e-6)
-    for name, want in trainer.session.params.items():
-        np.testing.assert_allclose(params[name], want, rtol=0, atol=1e-6, err_msg=name)
+    assert_trains_as_one_process(params, [fed])
 
 
 def test_pipelined_worker_processes_train_as_one_process():
-    rng = np.random.default_rng(4)
-    batches = [{"x": rng.standard_normal((8, 40)).astype(np.float32),
-                "y": rng.integers(0, 64, 8).astype(np.int32)} for _ in range(3)]
-    trainer = gf.Trainer(mlp(), SGD(0.5))
-    for fed in batches:
-        trainer.step(fed["x"], fed["y"])
+    batches = mlp_batches(4, 3)
     model = mlp()
     plan = partition(model.graph, 2, "layerwise", loss=model.loss)
     with Cluster(plan, mode="processes", optimizer={"name": "sgd", "lr": 0.5},
@@ -157,5 +157,4 @@ def test_pipelined_worker_processes_train_as_one_process():
         for out in cluster.stream(batches):
             assert np.isfinite(out[model.loss.name])
         got = plan.assemble(cluster.params())
-    for name, want in trainer.session.params.items():
-        np.testing.assert_allclose(got[name], want, rtol=0, atol=1e-6, err_msg=name)
+    assert_trains_as_one_process(got, batches)

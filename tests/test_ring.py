@@ -3,6 +3,7 @@ sees the sender's bytes, a slot is reused only once the receiver has let go of e
 it, full rings and other transports fall back to the socket, refs are taken only on an ipc
 inbox and only to our files, and nothing is left in /dev/shm."""
 
+import errno
 import gc
 import os
 import subprocess
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from graphflow.transport import Endpoint, FrameError, decode_tensor
+from graphflow.transport import ring as ring_module
 from graphflow.transport.frames import tensor_header
 from graphflow.transport.ring import MAX_SLOTS, RING_MIN_BYTES, RingViews, SendRing
 from graphflow.transport.shared import SHARED_DIR, available
@@ -156,9 +158,6 @@ def test_files_are_gone_once_mapped_even_if_the_sender_is_killed(tmp_path):
 
 def test_a_full_dev_shm_sends_by_the_socket(pair, monkeypatch):
     """/dev/shm refuses a slot (ENOSPC from posix_fallocate, say): the socket carries it."""
-    import errno
-
-    from graphflow.transport import ring as ring_module
     a, b = pair
 
     def full(name, size):

@@ -234,11 +234,11 @@ class Worker:
         fetched gradient, nor without an updater."""
         if updater is None:
             return None
-        final = set(self.w_updates[group]) if pending_users is None else set(self.grads)
 
         def update(param: str, inputs: list[np.ndarray]) -> bool:
-            return (param in final and self.grads[param] not in fetches
-                    and (pending_users is None or pending_users[self.graph[param]] == 0)
+            final = (param in self.w_updates[group] if pending_users is None
+                     else pending_users[self.graph[param]] == 0)
+            return (final and self.grads[param] not in fetches
                     and sums.apply_product(updater, param, self.params[param],
                                            self.grads[param], *inputs))
         return update
