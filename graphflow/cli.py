@@ -2,6 +2,7 @@
 
     graphflow train digits-lc              train on the bundled digits, print test accuracy
     graphflow train lc-large --steps 5     a few steps of a reference workload on synthetic data
+    graphflow train my_model.py --parts 2  your own model (its build_model()), split in two
     graphflow show speech-mlp              the graph, one node a line, and its parameter count
     graphflow visualize lc-large --parts 4 -o plan.html   how a model is split, drawn
     graphflow train lc-large --parts 2 --steps 6 --trace run.json   record a run's timeline
@@ -40,8 +41,11 @@ def _version() -> str:
         return "unknown"
 
 
+MODEL_HELP = ("a reference workload (digits-lc, lc-large, speech-mlp), or your own: "
+              "file.py:function, module:function, or file.py alone for its build_model()")
+
+
 def _parser() -> argparse.ArgumentParser:
-    from graphflow.models import WORKLOADS
     from graphflow.optim import OPTIMIZERS
     from graphflow.partitioners import STRATEGIES
 
@@ -50,16 +54,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"graphflow {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train a reference workload in this process",
-                       description="Train a workload; digits-lc uses the digits data set and "
-                                   "reports held-out accuracy, the others use synthetic data.",
+    t = sub.add_parser("train", help="train a model: a reference workload or your own",
+                       description="Train a model; digits-lc uses the digits data set and "
+                                   "reports held-out accuracy, the others use synthetic data "
+                                   "(random inputs and labels: for timing and for checking "
+                                   "that a model trains).",
                        epilog="example: graphflow train digits-lc --steps 1500")
-    t.add_argument("workload", nargs="?", default="digits-lc", choices=sorted(WORKLOADS))
+    t.add_argument("workload", nargs="?", default="digits-lc", metavar="MODEL",
+                   help=f"{MODEL_HELP} (default digits-lc)")
     t.add_argument("--steps", type=count, default=None,
-                   help="training steps (default: per workload)")
-    t.add_argument("--batch", type=count, default=None, help="mini-batch size")
+                   help="training steps (default: per workload; 20 for your own)")
+    t.add_argument("--batch", type=count, default=None,
+                   help="mini-batch size (default: per workload; your model's own, else 64)")
     t.add_argument("--optimizer", default="adagrad", choices=sorted(OPTIMIZERS))
-    t.add_argument("--lr", type=float, default=None, help="learning rate")
+    t.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default: per workload; 0.01 for your own)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--check-numerics", action="store_true",
                    help="stop at the first node that produces NaN or inf")
@@ -108,9 +117,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--checkpoint-dir", default=None,
                    help="shards checkpoint here (and run as processes that are restarted)")
 
-    s = sub.add_parser("show", help="print a workload's graph, or its partition plan",
+    s = sub.add_parser("show", help="print a model's graph, or its partition plan",
                        epilog="example: graphflow show lc-large --parts 2 --strategy spatial")
-    s.add_argument("workload", choices=sorted(WORKLOADS))
+    s.add_argument("workload", metavar="MODEL", help=MODEL_HELP)
     s.add_argument("--backward", action="store_true", help="include the gradient nodes")
     s.add_argument("--parts", type=count, default=1,
                    help="partition it for this many workers and print the plan's report")
@@ -158,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-DEFAULTS = {  # workload -> (steps, batch, lr)
+DEFAULTS = {  # workload -> (steps, batch, lr); a user's model: 20, its own batch or 64, 0.01
     "digits-lc": (1500, 32, 0.03),
     "lc-large": (20, 64, 0.002),
     # (Adagrad's first step moves every weight by lr: at 0.01 the 2560-wide sigmoid layers
@@ -169,21 +178,20 @@ DEFAULTS = {  # workload -> (steps, batch, lr)
 
 def cmd_train(args: argparse.Namespace) -> int:
     from graphflow import datasets
-    from graphflow.models import WORKLOADS
+    from graphflow.modelspec import load_trainable
     from graphflow.optim import OPTIMIZERS
     from graphflow.runtime.clusterfile import read_cluster_file
     from graphflow.train import DataParallelTrainer, PartitionedTrainer, Trainer
 
-    steps, batch, lr = DEFAULTS[args.workload]
+    model = load_trainable(args.workload, seed=args.seed)
+    fixed = model.x.shape[0]
+    steps, batch, lr = DEFAULTS.get(args.workload, (20, fixed or 64, 0.01))
     steps, batch, lr = args.steps or steps, args.batch or batch, args.lr or lr
-    model = WORKLOADS[args.workload](batch=None, seed=args.seed)
     if args.workload == "digits-lc":
         data = datasets.digits(seed=args.seed)
         shift = 2
     else:
-        shape = tuple(int(d) for d in model.x.shape[1:])
-        classes = int(model.logits.shape[1])
-        data = datasets.synthetic(shape, classes, n=4 * batch, seed=args.seed)
+        data = datasets.synthetic_for(model, n=4 * batch, seed=args.seed)
         shift = 0
     optimizer = OPTIMIZERS[args.optimizer](lr)
     trainer: Trainer
@@ -249,19 +257,19 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from graphflow.autodiff import gradients
-    from graphflow.models import WORKLOADS
+    from graphflow.modelspec import load_model
 
-    model = WORKLOADS[args.workload](batch=None)  # symbolic: the figures are at --batch
+    name, graph, loss = load_model(args.workload)  # symbolic batch: the figures are at --batch
     if args.parts > 1:
         from graphflow.partitioners import STRATEGIES, partition
 
         if args.strategy != "all":
-            plan = partition(model.graph, args.parts, args.strategy, loss=model.loss)
+            plan = partition(graph, args.parts, args.strategy, loss=loss)
             print(plan.report(args.batch))
             return 0
-        print(f"{args.workload} on {args.parts} workers, batch {args.batch}:")
+        print(f"{name} on {args.parts} workers, batch {args.batch}:")
         for strategy in STRATEGIES:
-            plan = partition(model.graph, args.parts, strategy, loss=model.loss)
+            plan = partition(graph, args.parts, strategy, loss=loss)
             cut = sum(t.nbytes(args.batch) for t in plan.transfers)
             prediction = plan.predict(args.batch)
             used = sum(b > 0 for b in prediction.busy)
@@ -271,10 +279,13 @@ def cmd_show(args: argparse.Namespace) -> int:
                   f"{used} worker(s) busy, the busiest {spread:.2f}x their mean")
         return 0
     if args.backward:
-        gradients(model.loss, model.graph.parameters())
-    print(model.graph)
-    n = sum(prod(p.shape) for p in model.graph.parameters())
-    print(f"# {len(model.graph)} nodes, {n:,} parameters")
+        if loss is None:
+            raise GraphflowError(f"--backward: MODEL '{args.workload}' has no loss to "
+                                 f"differentiate")
+        gradients(loss, graph.parameters())
+    print(graph)
+    n = sum(prod(p.shape) for p in graph.parameters())
+    print(f"# {len(graph)} nodes, {n:,} parameters")
     return 0
 
 

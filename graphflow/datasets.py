@@ -8,13 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from graphflow.models import Model
 
 
 @dataclass(frozen=True)
 class Dataset:
-    """Train and held-out test arrays; x is (N, C, H, W) float32, y is (N,) int32."""
+    """Train and held-out test arrays: x float32 (N, ...), y (N,) int32 class indices, or
+    float32 targets (N, ...) for a regression (then `classes` is 0)."""
 
     name: str
     x_train: np.ndarray
@@ -52,6 +57,18 @@ def synthetic(input_shape: tuple[int, ...], classes: int, n: int = 256,
     x = rng.standard_normal((n, *input_shape), dtype=np.float32)
     y = rng.integers(0, classes, n).astype(np.int32)
     return Dataset("synthetic", x, y, x[: n // 4], y[: n // 4], classes)
+
+
+def synthetic_for(model: Model, n: int = 256, seed: int = 0) -> Dataset:
+    """Random inputs shaped as `model.x` and labels for its loss: class indices below the
+    logits' width for softmax_cross_entropy, standard-normal targets for mse."""
+    shape = tuple(int(d) for d in model.x.shape[1:])
+    if model.loss.op != "mse":
+        return synthetic(shape, int(model.logits.shape[-1]), n, seed)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, *shape), dtype=np.float32)
+    y = rng.standard_normal((n, *(int(d) for d in model.y.shape[1:])), dtype=np.float32)
+    return Dataset("synthetic", x, y, x[: n // 4], y[: n // 4], 0)
 
 
 def batches(x: np.ndarray, y: np.ndarray, batch_size: int, seed: int = 0, shift: int = 0,

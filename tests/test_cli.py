@@ -23,7 +23,7 @@ def test_help_and_usage_errors():
         assert r.returncode == 0 and "example:" in r.stdout, (command, r.stdout[-300:])
     r = run("--version")
     assert r.returncode == 0 and r.stdout.startswith("graphflow ")
-    r = run("train", "no-such-model")
+    r = run("train", "--optimizer", "no-such-optimizer")
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
 

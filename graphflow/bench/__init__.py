@@ -52,6 +52,14 @@ def add_trace_option(p: argparse.ArgumentParser) -> None:
                         "with `graphflow timeline FILE`)")
 
 
+def csv_names(text: str) -> list[str]:
+    """An argparse type: comma-separated names, duplicates dropped."""
+    names = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError("no names given")
+    return names
+
+
 def csv_choices(allowed: Sequence[str]) -> Callable[[str], list[str]]:
     """An argparse type: comma-separated names, each one of `allowed` (duplicates dropped)."""
     def parse(text: str) -> list[str]:

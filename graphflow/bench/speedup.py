@@ -40,12 +40,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from graphflow.argtypes import count, csv_counts, microbatch_count, non_negative
 from graphflow.bench import (
     add_trace_option,
     csv_choices,
+    csv_names,
     format_table,
     machine_info,
     single_threaded,
@@ -61,9 +60,11 @@ from graphflow.bench.rounds import (
 )
 from graphflow.bench.speedup_plot import plot
 from graphflow.costmodel import CostModel, kernels
+from graphflow.datasets import synthetic_for
+from graphflow.errors import GraphflowError
 from graphflow.ir import Node
-from graphflow.models import WORKLOADS as BUILDERS
 from graphflow.models import Model
+from graphflow.modelspec import load_trainable
 from graphflow.partitioners import STRATEGIES, Plan, partition
 from graphflow.prediction import (
     best_microbatches,
@@ -79,7 +80,6 @@ from graphflow.runtime.pipeline import SCHEDULES
 from graphflow.timing import kernel_specs
 from graphflow.trace import recording
 
-WORKLOADS = ("lc-large", "speech-mlp", "digits-lc")
 MACHINES = (1, 2, 4, 8, 16, 32, 64)
 TOLERANCE = 0.25  # allowed relative error of the cost model at every measured point
 COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("workers", "P"),
@@ -98,14 +98,26 @@ def target(workload: str, strategy: str, workers: int) -> float | None:
     return None
 
 
+def models(text: str) -> list[Model]:
+    """An argparse type: comma-separated MODELs (graphflow.modelspec), each built."""
+    try:
+        return [load_trainable(spec) for spec in csv_names(text)]
+    except GraphflowError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="graphflow bench speedup", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example: graphflow bench speedup --workloads lc-large --strategies spatial "
                "--workers 1,2 --steps 9")
-    p.add_argument("--workloads", type=csv_choices(WORKLOADS), default=["lc-large", "speech-mlp"],
-                   help="comma-separated (default lc-large,speech-mlp; also digits-lc)")
+    p.add_argument("--workloads", type=models, default="lc-large,speech-mlp",
+                   metavar="MODELS",
+                   help="comma-separated (default lc-large,speech-mlp): reference workloads "
+                        "(also digits-lc) or your own models, as file.py:function, "
+                        "module:function or file.py (its build_model()), timed on synthetic "
+                        "batches")
     p.add_argument("--strategies", type=csv_choices(STRATEGIES),
                    default=["spatial", "layerwise", "mincut"],
                    help="comma-separated (default spatial,layerwise,mincut)")
@@ -202,8 +214,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cores = doc["machine"]["cpu_count"] or 1
     if max(args.workers) > cores:
         doc["notes"].append(f"{max(args.workers)} workers on {cores} cores: oversubscribed")
-    for name in args.workloads:
-        doc["workloads"][name] = measure_workload(BUILDERS[name](batch=None), args)
+    doc["settings"]["workloads"] = [model.name for model in args.workloads]
+    for model in args.workloads:
+        name = model.name
+        doc["workloads"][name] = measure_workload(model, args)
         for pt in doc["workloads"][name]["points"]:
             if note := uneven_clusters(f"{name} {pt['strategy']} P={pt['workers']}",
                                        pt.get("cluster_medians_s", [])):
@@ -226,11 +240,8 @@ def variants(args: argparse.Namespace) -> list[tuple[str, str, int | str]]:
 
 def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
     """Start every cluster of the workload, then time them in rounds (bench/rounds.py)."""
-    rng = np.random.default_rng(0)
-    feeds = {model.x.name: rng.standard_normal((args.batch, *model.x.shape[1:]),
-                                               dtype=np.float32),
-             model.y.name: rng.integers(0, int(model.logits.shape[-1]), args.batch,
-                                        dtype=np.int32)}
+    data = synthetic_for(model, args.batch, seed=0)
+    feeds = {model.x.name: data.x_train, model.y.name: data.y_train}
     plan1 = partition(model.graph, 1, "layerwise", loss=model.loss)
     cost = CostModel.calibrate(plan1.graph, args.batch, args.repeats,
                                refresh=not args.cached_calibration)

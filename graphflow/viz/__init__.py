@@ -13,9 +13,9 @@ scripts; `graphflow visualize MODEL ...` is `graphflow.viz.command`.
 ['lc1', 'relu', 'lc2', 'relu_1', 'to_nchw', 'fc', 'flatten', 'loss']
 """
 
+from graphflow.modelspec import load_model
 from graphflow.viz.api import FORMATS, VIEWS, render, visualize
 from graphflow.viz.diagram import DETAILS, Box, Cut, Diagram, build_diagram
-from graphflow.viz.model import load_model
 from graphflow.viz.spatial import Halo, SpatialLayer, spatial_layers
 
 __all__ = ["DETAILS", "FORMATS", "VIEWS", "Box", "Cut", "Diagram", "Halo", "SpatialLayer",

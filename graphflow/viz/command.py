@@ -2,7 +2,7 @@
 
 MODEL is a reference workload (lc-large, speech-mlp, digits-lc), `module:function`,
 `path/to/file.py:function`, or a file or module alone, whose `build_model()` is used (see
-graphflow.viz.model). The cli wires this in with `configure(parser)` and `run(args)`; errors
+graphflow.modelspec). The cli wires this in with `configure(parser)` and `run(args)`; errors
 are raised (GraphflowError, ValueError, ImportError for .png without matplotlib, OSError) for
 the cli to print.
 
@@ -21,9 +21,9 @@ from collections.abc import Sequence
 
 from graphflow.argtypes import count
 from graphflow.errors import GraphflowError
+from graphflow.modelspec import load_model
 from graphflow.viz.api import FORMATS, VIEWS, render
 from graphflow.viz.diagram import DETAILS
-from graphflow.viz.model import load_model
 
 EXAMPLE = "example: graphflow visualize lc-large --parts 4 --strategy spatial -o plan.svg"
 

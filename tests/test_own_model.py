@@ -1,0 +1,170 @@
+"""A model of the user's own through the commands: `graphflow train`, `show` and `bench speedup`
+take MODEL as `graphflow visualize` does (file.py:function, module:function, file.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import graphflow as gf
+from graphflow.bench import speedup
+from graphflow.datasets import synthetic_for
+from graphflow.errors import GraphflowError
+from graphflow.modelspec import load_trainable, trainable
+
+MODEL_FILE = textwrap.dedent("""
+    import graphflow as gf
+
+    def build_model():  # (graph, loss): the commands find the input, labels and logits
+        with gf.Graph(seed=3) as g:
+            x = gf.placeholder("x", (None, 20))
+            y = gf.placeholder("y", (None,), "int32")
+            h = gf.relu(gf.layers.dense(x, 32, name="hidden"))
+            h = gf.relu(gf.layers.dense(h, 32, name="hidden2"))
+            loss = gf.softmax_cross_entropy(gf.layers.dense(h, 5, name="scores"), y)
+        return g, loss
+
+    def regression():
+        with gf.Graph(seed=4) as g:
+            x = gf.placeholder("x", (None, 6))
+            t = gf.placeholder("t", (None, 3))
+            h = gf.tanh(gf.layers.dense(x, 16, name="h"))
+            return g, gf.mse(gf.layers.dense(h, 3, name="pred"), t)
+
+    def forward_only():
+        with gf.Graph() as g:
+            gf.layers.dense(gf.placeholder("x", (None, 8)), 4, name="fc")
+        return g
+""")
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("own") / "my_models.py"
+    path.write_text(MODEL_FILE)
+    return path
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "graphflow.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=600)
+
+
+def train_json(*args):
+    r = cli("train", *args, "--json", "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def test_a_graph_and_loss_become_a_model(model_file):
+    m = load_trainable(str(model_file))
+    assert (m.name, m.x.name, m.y.name, m.logits.name) == ("my_models", "x", "y", "scores/add")
+    data = synthetic_for(m, n=40, seed=1)
+    assert data.x_train.shape == (40, 20) and data.y_train.dtype.name == "int32"
+    assert 0 <= data.y_train.min() and data.y_train.max() < 5 and data.classes == 5
+    r = load_trainable(f"{model_file}:regression")
+    assert (r.x.name, r.y.name, r.logits.name) == ("x", "t", "pred/add")
+    data = synthetic_for(r, n=8)
+    assert data.y_train.shape == (8, 3) and data.y_train.dtype.name == "float32"
+
+
+def _no_loss():
+    with gf.Graph() as g:
+        gf.layers.dense(gf.placeholder("x", (None, 4)), 2, name="fc")
+    return g, None
+
+
+def _other_loss():
+    with gf.Graph() as g:
+        out = gf.layers.dense(gf.placeholder("x", (None, 4)), 2, name="fc")
+        return g, gf.reduce_sum(out)
+
+
+def _computed_labels():
+    with gf.Graph() as g:
+        x, t = gf.placeholder("x", (None, 4)), gf.placeholder("t", (None, 2))
+        return g, gf.mse(gf.layers.dense(x, 2, name="fc"), gf.relu(t, name="clipped"))
+
+
+def _two_inputs():
+    with gf.Graph() as g:
+        a, b = gf.placeholder("a", (None, 4)), gf.placeholder("b", (None, 4))
+        y = gf.placeholder("y", (None,), "int32")
+        return g, gf.softmax_cross_entropy(gf.layers.dense(gf.add(a, b), 3, name="fc"), y)
+
+
+def _open_width():
+    with gf.Graph() as g:
+        x, t = gf.placeholder("x", (None, None)), gf.placeholder("t", (None, 1))
+        return g, gf.mse(gf.reduce_sum(x, 1, keepdims=True), t)
+
+
+@pytest.mark.parametrize("build, expected", [
+    (_no_loss, "has no loss"),
+    (_other_loss, "is a reduce_sum"),
+    (_computed_labels, "are 'clipped' (relu), not a placeholder"),
+    (_two_inputs, "has 2 input placeholders besides the labels 'y' (a, b)"),
+    (_open_width, "placeholder 'x' (None, None) has a size other than the batch's left open"),
+])
+def test_what_training_cannot_feed_is_named(build, expected):
+    graph, loss = build()
+    with pytest.raises(GraphflowError, match="MODEL 'm.py'") as e:
+        trainable("m", graph, loss, "m.py")
+    assert expected in str(e.value)
+
+
+def test_train_split_in_two_equals_one_process_and_learns(model_file):
+    common = ("--steps", 25, "--batch", 16, "--optimizer", "sgd", "--lr", 0.1)
+    alone = train_json(model_file, *common)
+    split = train_json(model_file, *common, "--parts", 2, "--strategy", "layerwise")
+    assert alone["workload"] == str(model_file) and alone["steps"] == 25
+    assert split["final_loss"] == pytest.approx(alone["final_loss"], rel=1e-5, abs=1e-6)
+    first = train_json(model_file, "--steps", 1, "--batch", 16, "--optimizer", "sgd",
+                       "--lr", 0.1)
+    # 64 random samples, seen six times over: a net that trains fits them
+    assert alone["final_loss"] < 0.8 * first["final_loss"]
+
+
+def test_train_a_regression_with_its_own_defaults(model_file):
+    result = train_json(f"{model_file}:regression")
+    assert result["steps"] == 20 and result["batch"] == 64
+    first = train_json(f"{model_file}:regression", "--steps", 1)
+    assert 0 < result["final_loss"] < first["final_loss"]
+
+
+def test_show_prints_an_own_models_graph_and_plan(model_file):
+    r = cli("show", model_file)
+    assert r.returncode == 0 and "hidden2" in r.stdout and "# " in r.stdout
+    r = cli("show", model_file, "--parts", 2, "--strategy", "all")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("my_models on 2 workers, batch 64:")
+    assert all(s in r.stdout for s in ("spatial", "layerwise", "mincut"))
+    r = cli("show", f"{model_file}:forward_only", "--backward")
+    assert r.returncode == 1 and "has no loss to differentiate" in r.stderr
+
+
+def test_train_names_a_model_it_cannot_find(model_file):
+    r = cli("train", "no-such-model")
+    assert r.returncode == 1
+    assert "no module named 'no-such-model'" in r.stderr and "digits-lc" in r.stderr
+    r = cli("train", f"{model_file}:forward_only")
+    assert r.returncode == 1 and "has no loss" in r.stderr
+
+
+def test_bench_speedup_times_an_own_model(model_file, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(tmp_path / "costmodel.json"))
+    out = tmp_path / "speedup.json"
+    code = speedup.main(["--quick", "--workloads", f"{model_file}:build_model", "--mode",
+                         "threads", "--strategies", "layerwise", "--microbatches", "1",
+                         "--no-progress", "--json", str(out), "--png", str(tmp_path / "s.png")])
+    assert code == 0
+    points = json.loads(out.read_text())["workloads"]["my_models"]["points"]
+    assert [(p["strategy"], p["workers"]) for p in points] == [("(any)", 1), ("layerwise", 2)]
+    assert all(p["median_s"] > 0 and p["predicted_s"] > 0 for p in points)
+    assert "machine ceiling (my_models)" in capsys.readouterr().out
+    assert speedup.main(["--workloads", f"{model_file}:forward_only"]) == 2
+    assert "has no loss" in capsys.readouterr().err
