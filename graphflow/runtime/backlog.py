@@ -37,8 +37,9 @@ class Backlog:
 
     def __init__(self, groups: list[list[Node]], inputs: list[Node]) -> None:
         self.inputs = inputs
-        # which of `inputs` each group reads
-        self.reads = [[i for i, x in enumerate(inputs) if any(x in n.inputs for n in g)]
+        # which of `inputs` each group reads (built anew each step: linear in the edges)
+        index = {x: i for i, x in enumerate(inputs)}
+        self.reads = [sorted({index[x] for n in g for x in n.inputs if x in index})
                       for g in groups]
         self.entries: list[list[np.ndarray] | None] = []
         self.next = [0] * len(groups)  # per group, its first micro-batch not taken
