@@ -32,14 +32,17 @@ from graphflow.timing import (
     fingerprint,
     ping_pong,
     read_cache,
+    time_dispatch,
     time_nodes,
     time_update,
+    time_update_call,
 )
 
 __all__ = ["LOCAL_OPS", "CostModel", "Link", "Prediction", "Transfer", "kernels",
            "signature", "tensor_bytes"]
 BUILTIN = {"flop_rates": {"*": 60e9}, "bandwidth_Bps": 5e9, "overhead_s": 2e-6,
-           "update_Bps": 20e9, "update_shared_Bps": 12e9}
+           "update_Bps": 20e9, "update_shared_Bps": 12e9, "dispatch_s": 3e-6,
+           "update_call_s": 3e-6}
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,8 @@ class CostModel:
     """Seconds per node and per transfer, and a step-time simulator.
 
     A node's seconds come from `times` (by node name: for tests and what-ifs), else a measured
-    kernel signature, else overhead + max(flops / family FLOP rate, bytes / bandwidth).
+    kernel signature, else overhead + max(flops / family FLOP rate, bytes / bandwidth); the
+    latter two plus `dispatch_s`, a worker's bookkeeping around each kernel.
     `measured` maps signature -> [seconds, family, flops, bytes]; `batch` fills None dims.
 
     >>> cm = CostModel(times={"a": 1.0}, link=Link(1e9, 0.0))
@@ -112,19 +116,24 @@ class CostModel:
                  overhead_s: float = BUILTIN["overhead_s"], link: Link | None = None,
                  times: Mapping[str, float] | None = None, batch: int = 64,
                  update_Bps: float = BUILTIN["update_Bps"],
-                 update_shared_Bps: float = BUILTIN["update_shared_Bps"]) -> None:
+                 update_shared_Bps: float = BUILTIN["update_shared_Bps"],
+                 dispatch_s: float = BUILTIN["dispatch_s"],
+                 update_call_s: float = BUILTIN["update_call_s"]) -> None:
         self.measured: dict[str, list[Any]] = {k: list(v) for k, v in (measured or {}).items()}
         self.flop_rates = dict(flop_rates or BUILTIN["flop_rates"])
         self.bandwidth_Bps, self.overhead_s = bandwidth_Bps, overhead_s
         self.update_Bps = update_Bps  # memory passes per second of the optimizer's update
         self.update_shared_Bps = update_shared_Bps  # ... each, two workers updating at once
+        self.dispatch_s = dispatch_s  # a worker's time on a node beside its kernel
+        self.update_call_s = update_call_s  # an update's time beside its memory passes
         self.link = link or Link.builtin()
         self.times, self.batch = dict(times or {}), batch
         self._memo: dict[str, float] = {}
 
     @classmethod
     def builtin(cls, batch: int = 64) -> CostModel:
-        """Conservative built-in rates (60 GFLOP/s, 5 GB/s, link 1.2 GB/s + 300 us); no cache."""
+        """Conservative built-in rates (60 GFLOP/s, 5 GB/s, link 1.2 GB/s + 300 us, 3 us a node
+        and an update beside their work); no cache."""
         return cls(batch=batch)
 
     @classmethod
@@ -155,6 +164,10 @@ class CostModel:
             model.update_Bps = time_update(repeats)
         if refresh or model.update_shared_Bps == BUILTIN["update_shared_Bps"]:
             model.update_shared_Bps = time_update(repeats, streams=2)
+        if refresh or model.dispatch_s == BUILTIN["dispatch_s"]:
+            model.dispatch_s = time_dispatch(repeats)
+        if refresh or model.update_call_s == BUILTIN["update_call_s"]:
+            model.update_call_s = time_update_call(repeats)
         if link and (refresh or model.link == Link.builtin()):
             model.calibrate_link()
         model.save()
@@ -191,6 +204,7 @@ class CostModel:
             "measured": merged.measured, "flop_rates": merged.flop_rates,
             "bandwidth_Bps": merged.bandwidth_Bps, "overhead_s": merged.overhead_s,
             "update_Bps": self.update_Bps, "update_shared_Bps": self.update_shared_Bps,
+            "dispatch_s": self.dispatch_s, "update_call_s": self.update_call_s,
             "link": [self.link.bandwidth_Bps, self.link.latency_s]}
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
@@ -229,19 +243,19 @@ class CostModel:
         b = batch or self.batch
         sig = signature(node, b)
         if sig in self.measured:
-            return float(self.measured[sig][0])
+            return float(self.measured[sig][0]) + self.dispatch_s
         if sig not in self._memo:
             flops, read, written = node_cost(node, b)
             rate = self.flop_rates.get(op_family(node.op), self.flop_rates["*"])
             self._memo[sig] = self.overhead_s + max(flops / rate,
                                                     (read + written) / self.bandwidth_Bps)
-        return self._memo[sig]
+        return self._memo[sig] + self.dispatch_s
 
     def update_seconds(self, param: Node, parts: int = 1) -> float:
-        """Seconds of the optimizer's update of `param`: read it and its gradient (in `parts`
-        arrays), write it, at the optimizer kernel's measured rate."""
+        """Seconds of the optimizer's update of `param`: the call, then reading it and its
+        gradient (in `parts` arrays) and writing it at the optimizer kernel's measured rate."""
         passes = UPDATE_PASSES + parts - 1
-        return passes * tensor_bytes(param, 1) / self.update_Bps  # (no batch axis)
+        return self.update_call_s + passes * tensor_bytes(param, 1) / self.update_Bps
 
     def concurrent_updates(self, starts: Sequence[float], alone: Sequence[float]) -> list[float]:
         """Each worker's update seconds when the workers share one machine's memory: an update

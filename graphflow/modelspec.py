@@ -59,7 +59,8 @@ def load_model(spec: str) -> tuple[str, Graph, Node | None]:
     except ValueError:  # no signature to read (a builtin): just call it
         pass
     graph, loss = _unpack(build(), spec)
-    return Path(target).stem if target.endswith(".py") else f"{target}:{name}", graph, loss
+    short = Path(target).stem if target.endswith(".py") else target
+    return short if name == CONVENTION else f"{short}:{name}", graph, loss
 
 
 LOSSES = ("softmax_cross_entropy", "mse")  # the losses whose labels we can make up

@@ -127,6 +127,49 @@ def time_update(repeats: int, size: int = 1 << 24, streams: int = 1) -> float:
     return UPDATE_PASSES * 4 * size / statistics.median(times[1:])
 
 
+def time_update_call(repeats: int, calls: int = 200) -> float:
+    """Seconds of one SGD update of a 16-element parameter: what an update costs beside its
+    memory passes (a small model's many small parameters are all call)."""
+    from graphflow.optim import SGD
+
+    p, g = np.ones(16, np.float32), np.ones(16, np.float32)
+    sgd = SGD(lr=1e-3)
+    times = []
+    for _ in range(max(repeats, 1) + 1):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            sgd.update("p", p, g)
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times[1:])
+
+
+def time_dispatch(repeats: int, short: int = 20, long: int = 220) -> float:
+    """Seconds a worker spends on a node beside its kernel (its dataflow's bookkeeping): the
+    step of a 1-worker cluster (threads) over a chain of `long` one-element negations, less
+    the step over `short` of them, per extra node, less the negation's own kernel."""
+    from graphflow.dsl import placeholder  # (the runtime imports the cost model: not at the top)
+    from graphflow.ir import Graph
+    from graphflow.ops.elementwise import neg
+    from graphflow.partitioners import partition
+    from graphflow.runtime.cluster import Cluster
+
+    steps = {}
+    for n in (short, long):
+        with Graph() as g:
+            h = placeholder("x", (1,))
+            for _ in range(n):
+                h = neg(h)
+        with Cluster(partition(g, 1, "layerwise"), mode="threads", timeout=30.0) as cluster:
+            times = []
+            for _ in range(3 * max(repeats, 1) + 1):
+                t0 = time.perf_counter()
+                cluster.run({"x": np.ones(1, np.float32)}, [h.name])
+                times.append(time.perf_counter() - t0)
+        steps[n] = statistics.median(times[1:])
+    kernel = time_nodes({"neg": h}, 1, repeats)["neg"]
+    return max((steps[long] - steps[short]) / (long - short) - kernel, 0.0)
+
+
 def read_cache(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())

@@ -137,10 +137,13 @@ def test_each_worker_ends_with_the_update_of_its_parameters_at_the_measured_rate
         x = gf.placeholder("x", (None, 1000))
         w = gf.parameter("w", (1000,))
         gf.mul(x, w, name="m")
-    # an update makes three passes over the parameter's 4000 bytes: 12000 bytes a second
-    cm = CostModel(times={"m": 1.0}, update_Bps=3 * ROW, bandwidth_Bps=1.0, batch=1)
+    # an update makes three passes over the parameter's 4000 bytes: 12000 bytes a second,
+    # after its call (a quarter of a second here)
+    cm = CostModel(times={"m": 1.0}, update_Bps=3 * ROW, bandwidth_Bps=1.0, batch=1,
+                   update_call_s=0.25)
     p = cm.predict(g, {"x": 0, "w": 0, "m": 0})
-    assert p.step_seconds == pytest.approx(1.0 + 1.0) and p.busy == [pytest.approx(2.0)]
+    assert p.step_seconds == pytest.approx(1.0 + 0.25 + 1.0)
+    assert p.busy == [pytest.approx(2.25)]
 
 
 def test_updates_of_workers_on_one_machine_share_its_memory():
@@ -152,7 +155,7 @@ def test_updates_of_workers_on_one_machine_share_its_memory():
     place = {"x": 0, "w0": 0, "m0": 0, "w1": 1, "m1": 1}
     # alone an update takes 1 s; two at once go at half the rate each
     cm = CostModel(times={"m0": 1.0, "m1": 1.0}, update_Bps=3 * ROW,
-                   update_shared_Bps=1.5 * ROW, bandwidth_Bps=1.0, batch=1)
+                   update_shared_Bps=1.5 * ROW, bandwidth_Bps=1.0, batch=1, update_call_s=0)
     assert cm.predict(g, place, contention=1.5).busy == [pytest.approx(1.5 + 2.0)] * 2
     # on two machines (no contention) each update runs alone
     assert cm.predict(g, place).busy == [pytest.approx(2.0)] * 2
@@ -181,13 +184,32 @@ def test_link_presets_and_transfer_seconds():
 
 def test_fallback_estimate_uses_flops_and_bytes():
     m = gf.models.speech_mlp(batch=None)
-    cm = CostModel(flop_rates={"*": 1e9}, bandwidth_Bps=1e9, overhead_s=0.0)
+    cm = CostModel(flop_rates={"*": 1e9}, bandwidth_Bps=1e9, overhead_s=0.0, dispatch_s=0.0)
     matmul = m.graph["fc2/matmul"]
     assert cm.node_seconds(matmul) == pytest.approx(2 * 64 * 2560 * 2560 / 1e9)
     sig = cm.node_seconds(m.graph["sigmoid_1"])
     assert sig == pytest.approx(2 * tensor_bytes(m.graph["sigmoid_1"], 64) / 1e9, rel=0.5)
     assert cm.node_seconds(m.graph["fc2/W"]) == 0.0
     assert cm.node_seconds(matmul, batch=128) == pytest.approx(2 * cm.node_seconds(matmul))
+
+
+def test_a_worker_s_time_around_each_kernel_is_added_to_every_kernel_but_not_to_sources():
+    m = gf.models.speech_mlp(batch=None)
+    matmul, sig = m.graph["fc2/matmul"], signature(m.graph["fc2/matmul"], 64)
+    bare = CostModel(measured={sig: [0.25, "matmul", 1, 1]}, dispatch_s=0.0)
+    cm = CostModel(measured={sig: [0.25, "matmul", 1, 1]}, dispatch_s=0.5)
+    assert cm.node_seconds(matmul) == pytest.approx(0.75)  # a measured kernel
+    sigmoid = m.graph["sigmoid_1"]  # the fallback estimate
+    assert cm.node_seconds(sigmoid) == pytest.approx(bare.node_seconds(sigmoid) + 0.5)
+    assert cm.node_seconds(m.graph["fc2/W"]) == cm.node_seconds(m.graph["x"]) == 0.0
+
+
+def test_time_around_kernels_and_updates_is_measured_positive_and_small():
+    from graphflow.timing import time_dispatch, time_update_call
+
+    # (bounds that hold on any machine that runs the suite; the figures are in the notes)
+    assert 0.0 <= time_dispatch(1) < 1e-3
+    assert 0.0 < time_update_call(1) < 1e-3
 
 
 def test_predict_is_fast_on_a_training_graph():

@@ -67,7 +67,8 @@ def test_a_graph_and_loss_become_a_model(model_file):
     assert data.x_train.shape == (40, 20) and data.y_train.dtype.name == "int32"
     assert 0 <= data.y_train.min() and data.y_train.max() < 5 and data.classes == 5
     r = load_trainable(f"{model_file}:regression")
-    assert (r.x.name, r.y.name, r.logits.name) == ("x", "t", "pred/add")
+    assert (r.name, r.x.name, r.y.name, r.logits.name) == ("my_models:regression", "x", "t",
+                                                            "pred/add")
     data = synthetic_for(r, n=8)
     assert data.y_train.shape == (8, 3) and data.y_train.dtype.name == "float32"
 
