@@ -45,6 +45,9 @@ BUILTIN = {"flop_rates": {"*": 60e9}, "bandwidth_Bps": 5e9, "overhead_s": 2e-6,
            "update_call_s": 3e-6}
 
 
+RATE_MIN = 10  # a kernel shows its rate once it runs this many times the per-kernel overhead
+
+
 @dataclass(frozen=True)
 class Link:
     """A point-to-point link: seconds(n) = latency + n / bandwidth.
@@ -143,7 +146,11 @@ class CostModel:
         if not entry:
             return cls.builtin(batch)
         link = Link(*entry.pop("link")) if entry.get("link") else None
-        return cls(**{**BUILTIN, **entry}, link=link, batch=batch)
+        fitted = ("flop_rates", "bandwidth_Bps", "overhead_s")  # refit by today's rule
+        model = cls(**{**BUILTIN, **{k: v for k, v in entry.items() if k not in fitted}},
+                    link=link, batch=batch)
+        model._fit()
+        return model
 
     @classmethod
     def calibrate(cls, graph: Graph, batch: int, repeats: int = 3, link: bool = True,
@@ -214,8 +221,10 @@ class CostModel:
         return path
 
     def _fit(self) -> None:
-        """Refit overhead, memory bandwidth (median of memory-bound kernels) and per-family
-        FLOP rates (best seen: bigger kernels of a family run no slower) from the samples."""
+        """Refit overhead (the shortest kernel), memory bandwidth (median of memory-bound
+        kernels) and per-family FLOP rates (best seen: bigger kernels of a family run no
+        slower) from the samples; rates only from kernels long enough to show one (a cache of
+        a tiny model's kernels, all call, had fitted 1.2 GFLOP/s to gemms and 76 MB/s)."""
         samples = list(self.measured.values())
         if not samples:
             return
@@ -224,6 +233,7 @@ class CostModel:
         def rates(chosen: list[list[Any]], work: int) -> list[float]:
             return [s[work] / max(s[0] - self.overhead_s, 1e-9) for s in chosen]
 
+        samples = [s for s in samples if s[0] >= RATE_MIN * self.overhead_s]
         low = [s for s in samples if s[3] > 0 and s[2] <= s[3]]
         if low:
             self.bandwidth_Bps = statistics.median(rates(low, 3))

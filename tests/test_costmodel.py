@@ -306,3 +306,15 @@ def test_the_cache_is_kept_per_kernel_code(tmp_path, monkeypatch):
     CostModel(measured={"a": [1e-3, "matmul", 2e6, 1e3]}).save()
     monkeypatch.setattr(timing, "kernels_digest", lambda: "other kernels")
     assert CostModel.default().measured == {}  # timings of other kernels are not reused
+
+
+def test_rates_are_fitted_only_from_kernels_long_enough_to_show_one():
+    tiny = [8e-6, "matmul", 4096.0, 2048]  # all call: 4096 FLOPs in 8 us
+    cm = CostModel(measured={"a": tiny, "b": [2e-6, "add", 0.0, 96]})
+    cm._fit()
+    assert cm.overhead_s == 2e-6
+    assert cm.flop_rates == CostModel().flop_rates  # the built-in's, not 1.2 GFLOP/s for gemms
+    assert cm.bandwidth_Bps == CostModel().bandwidth_Bps
+    cm.measured["c"] = [1e-3, "matmul", 1e8, 1e6]  # 1 ms: 100 GFLOP/s, less the overhead
+    cm._fit()
+    assert cm.flop_rates["matmul"] == pytest.approx(1e8 / (1e-3 - 2e-6))
