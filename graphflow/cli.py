@@ -126,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--strategy", default="spatial", choices=[*STRATEGIES, "all"],
                    help="placement strategy; `all` compares their cuts and predicted steps")
     s.add_argument("--batch", type=count, default=64, help="batch size for the plan's figures")
+    s.add_argument("--estimate", action="store_true",
+                   help="predict from cached kernel times and FLOP estimates, timing nothing "
+                        "(by default the plan's kernels the cache lacks are timed here first)")
 
     sub.add_parser("ops", help="list the registered ops", epilog="example: graphflow ops")
 
@@ -261,17 +264,21 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     name, graph, loss = load_model(args.workload)  # symbolic batch: the figures are at --batch
     if args.parts > 1:
+        from graphflow.costmodel import CostModel
         from graphflow.partitioners import STRATEGIES, partition
 
+        strategies = STRATEGIES if args.strategy == "all" else [args.strategy]
+        plans = [partition(graph, args.parts, s, loss=loss) for s in strategies]
+        cost = (CostModel.default(args.batch) if args.estimate else
+                CostModel.timed_for([p.graph for p in plans], args.batch, args.parts,
+                                    say=lambda text: print(text, file=sys.stderr)))
         if args.strategy != "all":
-            plan = partition(graph, args.parts, args.strategy, loss=loss)
-            print(plan.report(args.batch))
+            print(plans[0].report(args.batch, cost))
             return 0
         print(f"{name} on {args.parts} workers, batch {args.batch}:")
-        for strategy in STRATEGIES:
-            plan = partition(graph, args.parts, strategy, loss=loss)
+        for strategy, plan in zip(strategies, plans, strict=True):
             cut = sum(t.nbytes(args.batch) for t in plan.transfers)
-            prediction = plan.predict(args.batch)
+            prediction = plan.predict(args.batch, cost)
             used = sum(b > 0 for b in prediction.busy)
             spread = max(prediction.busy) * used / sum(prediction.busy)
             print(f"  {strategy:<10} cut {cut / 1e6:8.2f} MB/step in {len(plan.transfers):3d} "

@@ -15,7 +15,7 @@ import json
 import os
 import statistics
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
@@ -178,6 +178,24 @@ class CostModel:
         if link and (refresh or model.link == Link.builtin()):
             model.calibrate_link()
         model.save()
+        return model
+
+    @classmethod
+    def timed_for(cls, graphs: Sequence[Graph], batch: int, workers: int, repeats: int = 3,
+                  say: Callable[[str], object] | None = None) -> CostModel:
+        """This machine's model with every kernel of `graphs` timed at `batch` (those the
+        cache lacks; once), each with the BLAS threads one of `workers` local workers gets,
+        as they run them: what `graphflow show` and `visualize` predict plans by. `say` hears
+        how many kernels are timed, if any."""
+        from graphflow.runtime.cores import blas_threads, core_share
+
+        with blas_threads(core_share(workers)):
+            model = cls.default(batch)
+            todo = {sig for g in graphs for sig in kernels(g, batch)} - set(model.measured)
+            if todo and say:
+                say(f"timing {len(todo)} kernels on this machine (once: they are cached)")
+            for graph in graphs:
+                model = cls.calibrate(graph, batch, repeats)
         return model
 
     def use_times(self, samples: Mapping[str, Sequence[float]]) -> None:

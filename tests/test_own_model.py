@@ -4,6 +4,7 @@ take MODEL as `graphflow visualize` does (file.py:function, module:function, fil
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -49,9 +50,10 @@ def model_file(tmp_path_factory):
     return path
 
 
-def cli(*args):
+def cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "graphflow.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def train_json(*args):
@@ -169,3 +171,24 @@ def test_bench_speedup_times_an_own_model(model_file, tmp_path, monkeypatch, cap
     assert "machine ceiling (my_models)" in capsys.readouterr().out
     assert speedup.main(["--workloads", f"{model_file}:forward_only"]) == 2
     assert "has no loss" in capsys.readouterr().err
+
+
+def test_show_and_visualize_time_the_kernels_they_predict_by_once(model_file, tmp_path):
+    from graphflow.costmodel import kernels
+    from graphflow.modelspec import load_model
+    from graphflow.partitioners import partition
+
+    env = {"GRAPHFLOW_COSTMODEL": str(tmp_path / "cm.json")}
+    r = cli("show", model_file, "--parts", 2, "--strategy", "layerwise", env=env)
+    assert r.returncode == 0 and "kernels on this machine" in r.stderr, r.stderr
+    _, graph, loss = load_model(str(model_file))
+    plan = partition(graph, 2, "layerwise", loss=loss)
+    cached = {sig for entry in json.loads((tmp_path / "cm.json").read_text())["machines"].values()
+              for sig in entry["measured"]}
+    assert set(kernels(plan.graph, 64)) <= cached
+    r = cli("visualize", model_file, "--parts", 2, "--strategy", "layerwise", "-o",
+            tmp_path / "p.svg", env=env)
+    assert r.returncode == 0 and "kernels on this machine" not in r.stderr  # timed already
+    fresh = {"GRAPHFLOW_COSTMODEL": str(tmp_path / "none.json")}
+    r = cli("show", model_file, "--parts", 2, "--estimate", env=fresh)
+    assert r.returncode == 0 and r.stderr == "" and not (tmp_path / "none.json").exists()

@@ -12,37 +12,17 @@ import argparse
 import datetime
 import os
 import platform
-from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Collection, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from graphflow.runtime.cores import BLAS_THREAD_VARS
-
-# NUMBA_NUM_THREADS is left alone: numba re-reads the environment whenever it compiles and
-# refuses a new value once its thread pool runs (our kernels are not parallel anyway).
+from graphflow.runtime.cores import BLAS_THREAD_VARS, blas_threads
 
 
-@contextmanager
-def single_threaded() -> Iterator[None]:
-    """One BLAS / OpenMP thread here and in every worker process started inside (they
-    inherit the environment); restores the previous settings on exit."""
-    saved = {v: os.environ.get(v) for v in BLAS_THREAD_VARS}
-    os.environ.update(dict.fromkeys(BLAS_THREAD_VARS, "1"))
-    try:
-        from threadpoolctl import threadpool_limits  # numpy / scipy BLAS already loaded here
-        limits: Any = threadpool_limits(1)
-    except ImportError:
-        limits = nullcontext()
-    try:
-        with limits:
-            yield
-    finally:
-        for var, value in saved.items():
-            if value is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = value
+def single_threaded() -> AbstractContextManager[None]:
+    """One BLAS / OpenMP thread here and in every worker process started inside."""
+    return blas_threads(1)
 
 
 def add_trace_option(p: argparse.ArgumentParser) -> None:

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -22,6 +24,29 @@ def core_share(workers: int) -> int:
     """Threads each of `workers` local workers may use: more threads than cores (BLAS's own
     pool in every worker) slow them all down."""
     return max(1, (os.cpu_count() or 1) // workers)
+
+
+@contextmanager
+def blas_threads(n: int) -> Iterator[None]:
+    """`n` BLAS / OpenMP threads here and in every worker process started inside (they
+    inherit the environment); restores the previous settings on exit. (NUMBA_NUM_THREADS is
+    left alone: numba refuses a new value once its pool runs, and our kernels are serial.)"""
+    saved = {v: os.environ.get(v) for v in BLAS_THREAD_VARS}
+    os.environ.update(dict.fromkeys(BLAS_THREAD_VARS, str(n)))
+    try:
+        from threadpoolctl import threadpool_limits  # numpy / scipy BLAS already loaded here
+        limits: Any = threadpool_limits(n)
+    except ImportError:
+        limits = nullcontext()
+    try:
+        with limits:
+            yield
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
 
 
 BUSY = 0.8  # the least share of a step every worker computes (predicted) for it to be pinned

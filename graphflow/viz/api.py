@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from graphflow.partitioners.plan import Plan
 from graphflow.viz.compose import compose, spatial_scene
@@ -13,6 +14,9 @@ from graphflow.viz.page import to_html
 from graphflow.viz.png import require_matplotlib, write_png
 from graphflow.viz.spatial import spatial_layers
 from graphflow.viz.svg import to_svg
+
+if TYPE_CHECKING:
+    from graphflow.costmodel import CostModel
 
 FORMATS = (".svg", ".png", ".dot", ".html")
 VIEWS = ("plan", "spatial")
@@ -43,12 +47,13 @@ def visualize(plan: Plan, path: str | Path, *, detail: str = "layers", batch: in
 
 
 def render(plans: Sequence[Plan], path: str | Path, detail: str = "layers", batch: int = 64,
-           title: str | None = None, view: str = "plan") -> list[Diagram]:
+           title: str | None = None, view: str = "plan",
+           cost: CostModel | None = None) -> list[Diagram]:
     """Write the plans side by side to `path`; returns their diagrams (for summaries).
-    `view="spatial"` draws only the first plan's spatial view."""
+    `view="spatial"` draws only the first plan's spatial view; `cost` predicts busy times."""
     path = Path(path)
     fmt = _check(path, view)
-    diagrams = [build_diagram(p, detail, batch, _title(p, title)) for p in plans]
+    diagrams = [build_diagram(p, detail, batch, _title(p, title), cost) for p in plans]
     if fmt == ".dot":
         path.write_text(to_dot(diagrams))
         return diagrams

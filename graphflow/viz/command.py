@@ -55,6 +55,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="batch size for bytes, FLOPs and predicted times (64)")
     parser.add_argument("--json", action="store_true",
                         help="print a summary of each plan as JSON on stdout")
+    parser.add_argument("--estimate", action="store_true",
+                        help="predict from cached kernel times and FLOP estimates, timing "
+                             "nothing (by default the plans' kernels the cache lacks are timed "
+                             "here first)")
 
 
 def strategies(args: argparse.Namespace) -> list[str]:
@@ -73,6 +77,7 @@ def strategies(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Partition MODEL, write the picture, print where (or the summary with --json)."""
+    from graphflow.costmodel import CostModel
     from graphflow.partitioners import partition
 
     if args.parts < 1:
@@ -81,7 +86,10 @@ def run(args: argparse.Namespace) -> int:
         raise GraphflowError(f"--batch must be at least 1, got {args.batch}")
     name, graph, loss = load_model(args.model)
     plans = [partition(graph, args.parts, s, loss=loss) for s in strategies(args)]
-    diagrams = render(plans, args.output, args.detail, args.batch, name, args.view)
+    cost = (CostModel.default(args.batch) if args.estimate else
+            CostModel.timed_for([p.graph for p in plans], args.batch, args.parts,
+                                say=lambda text: print(text, file=sys.stderr)))
+    diagrams = render(plans, args.output, args.detail, args.batch, name, args.view, cost)
     if args.json:
         print(json.dumps({"model": name, "output": str(args.output),
                           "plans": [d.summary() for d in diagrams]}))

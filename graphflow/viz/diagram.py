@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from math import prod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from graphflow.ir import Node, format_shape
 from graphflow.ops.registry import node_cost
 from graphflow.partitioners.plan import Plan, Transfer, WorkerStats
 from graphflow.viz.groups import is_backward, layer_of, unsplit_name
+
+if TYPE_CHECKING:
+    from graphflow.costmodel import CostModel
 
 DETAILS = ("layers", "ops")
 REPLICATED = ("placeholder", "constant")  # every worker that uses them has its own copy
@@ -83,8 +86,9 @@ class Diagram:
 
 
 def build_diagram(plan: Plan, detail: str = "layers", batch: int = 64,
-                  title: str | None = None) -> Diagram:
-    """The diagram of `plan`: one box per layer (name scope), or per node with detail="ops"."""
+                  title: str | None = None, cost: CostModel | None = None) -> Diagram:
+    """The diagram of `plan`: one box per layer (name scope), or per node with detail="ops";
+    busy times by `cost` (a CostModel; this machine's cached one if None)."""
     if detail not in DETAILS:
         raise ValueError(f"unknown detail '{detail}'; use one of: {', '.join(DETAILS)}")
     if batch < 1:
@@ -103,7 +107,7 @@ def build_diagram(plan: Plan, detail: str = "layers", batch: int = 64,
                     for x in n.inputs if box_of[x.name] != box_of[n.name]
                     and (detail == "ops" or not (is_backward(n.name) or is_backward(x.name)))},
                    key=lambda e: (order[e[0]], order[e[1]]))
-    prediction = plan.predict(batch)
+    prediction = plan.predict(batch, cost)
     busy = [*prediction.busy, *[0.0] * (plan.parts - len(prediction.busy))][:plan.parts]
     return Diagram(title or f"{plan.strategy}, {plan.parts} worker(s)", plan.strategy,
                    plan.parts, batch, detail, boxes, edges, cuts(plan, box_of, batch),
