@@ -23,6 +23,10 @@ from collections.abc import Mapping
 
 from graphflow.ir import Graph, Node, users_of
 
+# Partials a sum may have: k workers' slices of k partials are k * k transfers and nodes, where
+# the sum on one worker is 2k; at 64 workers that grew a plan to tens of thousands of nodes.
+MAX_PARTIALS = 4
+
 
 def scatter_sums(graph: Graph, placement: Mapping[str, int],
                  keep: frozenset[str] = frozenset()) -> dict[str, int]:
@@ -77,13 +81,13 @@ def _tree(total: Node, users: Mapping[Node, list[Node]], keep: frozenset[str]) -
 
 def _scatterable(n: Node, users: Mapping[Node, list[Node]], where: Mapping[str, int],
                  keep: frozenset[str]) -> bool:
-    """An add of same-shape values (partials, or adds of them) from different workers, read
-    only by slices, each slice read on one worker and the slices on more than one."""
+    """An add of same-shape values (partials, or adds of them) from 2 to MAX_PARTIALS workers,
+    read only by slices, each slice read on one worker and the slices on more than one."""
     if n.op != "add" or n.name in keep or any(x.shape != n.shape for x in n.inputs):
         return False
     inner = _tree(n, users, keep)
     partials = [x for a in inner for x in a.inputs if x not in inner]
-    if len({where[x.name] for x in partials}) < 2:
+    if not 2 <= len({where[x.name] for x in partials}) <= MAX_PARTIALS:
         return False
     slices = users[n]
     if not slices or any(s.op != "slice" or s.name in keep or not users[s] for s in slices):
