@@ -48,6 +48,7 @@ MODEL_HELP = ("a reference workload (digits-lc, lc-large, speech-mlp), or your o
 def _parser() -> argparse.ArgumentParser:
     from graphflow.optim import OPTIMIZERS
     from graphflow.partitioners import STRATEGIES
+    from graphflow.prediction import add_estimate_option
 
     p = argparse.ArgumentParser(prog="graphflow", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -126,9 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--strategy", default="spatial", choices=[*STRATEGIES, "all"],
                    help="placement strategy; `all` compares their cuts and predicted steps")
     s.add_argument("--batch", type=count, default=64, help="batch size for the plan's figures")
-    s.add_argument("--estimate", action="store_true",
-                   help="predict from cached kernel times and FLOP estimates, timing nothing "
-                        "(by default the plan's kernels the cache lacks are timed here first)")
+    add_estimate_option(s)
 
     sub.add_parser("ops", help="list the registered ops", epilog="example: graphflow ops")
 
@@ -264,14 +263,12 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     name, graph, loss = load_model(args.workload)  # symbolic batch: the figures are at --batch
     if args.parts > 1:
-        from graphflow.costmodel import CostModel
         from graphflow.partitioners import STRATEGIES, partition
+        from graphflow.prediction import command_cost
 
         strategies = STRATEGIES if args.strategy == "all" else [args.strategy]
         plans = [partition(graph, args.parts, s, loss=loss) for s in strategies]
-        cost = (CostModel.default(args.batch) if args.estimate else
-                CostModel.timed_for([p.graph for p in plans], args.batch, args.parts,
-                                    say=lambda text: print(text, file=sys.stderr)))
+        cost = command_cost(plans, args.batch, args.estimate)
         if args.strategy != "all":
             print(plans[0].report(args.batch, cost))
             return 0

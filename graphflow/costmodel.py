@@ -181,16 +181,18 @@ class CostModel:
         return model
 
     @classmethod
-    def timed_for(cls, graphs: Sequence[Graph], batch: int, workers: int, repeats: int = 3,
-                  say: Callable[[str], object] | None = None) -> CostModel:
+    def timed_for(cls, graphs: Sequence[Graph], batch: int, workers: int, measure: bool = True,
+                  repeats: int = 3, say: Callable[[str], object] | None = None) -> CostModel:
         """This machine's model with every kernel of `graphs` timed at `batch` (those the
-        cache lacks; once), each with the BLAS threads one of `workers` local workers gets,
-        as they run them: what `graphflow show` and `visualize` predict plans by. `say` hears
-        how many kernels are timed, if any."""
+        cache lacks, once; none without `measure`), from the cache of the BLAS threads one of
+        `workers` local workers gets, as they run them: what `graphflow show` and `visualize`
+        predict plans by. `say` hears how many kernels are timed, if any."""
         from graphflow.runtime.cores import blas_threads, core_share
 
         with blas_threads(core_share(workers)):
             model = cls.default(batch)
+            if not measure:
+                return model
             todo = {sig for g in graphs for sig in kernels(g, batch)} - set(model.measured)
             if todo and say:
                 say(f"timing {len(todo)} kernels on this machine (once: they are cached)")

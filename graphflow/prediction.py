@@ -6,6 +6,7 @@ micro-batch count a pipelined plan runs fastest with, and the curve over 1 to 64
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from graphflow.costmodel import CostModel, Link
@@ -22,6 +23,21 @@ from graphflow.runtime.pipeline import (
     runs_weights_early,
     simulate,
 )
+
+
+def add_estimate_option(p: argparse.ArgumentParser) -> None:
+    """`--estimate`, the same on `graphflow show` and `visualize`."""
+    p.add_argument("--estimate", action="store_true",
+                   help="predict from cached kernel times and FLOP estimates, timing nothing "
+                        "(by default the plans' kernels the cache lacks are timed here first)")
+
+
+def command_cost(plans: list[Plan], batch: int, estimate: bool) -> CostModel:
+    """The cost model a command predicts `plans` by (CostModel.timed_for; `--estimate`
+    times nothing); says on stderr when it times kernels."""
+    return CostModel.timed_for([p.graph for p in plans], batch, plans[0].parts,
+                               measure=not estimate,
+                               say=lambda text: print(text, file=sys.stderr))
 
 
 def workers_used(plan: Plan) -> int:

@@ -36,8 +36,8 @@ def scatter_sums(graph: Graph, placement: Mapping[str, int],
     (gradients the plan hands out, fetched values) stay as they are."""
     where = dict(placement)
     users = users_of(graph.toposort())
-    for total in [n for n in graph.nodes if _scatterable(n, users, where, keep)]:
-        inner = _tree(total, users, keep)
+    sums = [(n, tree) for n in graph.nodes if (tree := _scatterable(n, users, where, keep))]
+    for total, inner in sums:
         for s in users[total]:
             summed = _sliced(graph, total, set(inner), s, where[users[s][0].name], where, "of")
             for u in users[s]:
@@ -80,17 +80,18 @@ def _tree(total: Node, users: Mapping[Node, list[Node]], keep: frozenset[str]) -
 
 
 def _scatterable(n: Node, users: Mapping[Node, list[Node]], where: Mapping[str, int],
-                 keep: frozenset[str]) -> bool:
-    """An add of same-shape values (partials, or adds of them) from 2 to MAX_PARTIALS workers,
-    read only by slices, each slice read on one worker and the slices on more than one."""
-    if n.op != "add" or n.name in keep or any(x.shape != n.shape for x in n.inputs):
-        return False
-    inner = _tree(n, users, keep)
-    partials = [x for a in inner for x in a.inputs if x not in inner]
-    if not 2 <= len({where[x.name] for x in partials}) <= MAX_PARTIALS:
-        return False
-    slices = users[n]
-    if not slices or any(s.op != "slice" or s.name in keep or not users[s] for s in slices):
-        return False
+                 keep: frozenset[str]) -> list[Node]:
+    """The adds of `n`'s sum tree (`_tree`) if `n` is an add of same-shape values (partials,
+    or adds of them) from 2 to MAX_PARTIALS workers, read only by slices, each slice read on
+    one worker and the slices on more than one; else none."""
+    slices = users.get(n, [])
+    if (n.op != "add" or n.name in keep or any(x.shape != n.shape for x in n.inputs)
+            or not slices
+            or any(s.op != "slice" or s.name in keep or not users[s] for s in slices)):
+        return []
     readers = [{where[u.name] for u in users[s]} for s in slices]
-    return all(len(r) == 1 for r in readers) and len(set().union(*readers)) > 1
+    if any(len(r) != 1 for r in readers) or len(set().union(*readers)) < 2:
+        return []
+    inner = _tree(n, users, keep)
+    partials = {where[x.name] for a in inner for x in a.inputs if x not in inner}
+    return inner if 2 <= len(partials) <= MAX_PARTIALS else []

@@ -189,6 +189,11 @@ def test_show_and_visualize_time_the_kernels_they_predict_by_once(model_file, tm
     r = cli("visualize", model_file, "--parts", 2, "--strategy", "layerwise", "-o",
             tmp_path / "p.svg", env=env)
     assert r.returncode == 0 and "kernels on this machine" not in r.stderr  # timed already
+    timed = cli("show", model_file, "--parts", 2, "--strategy", "layerwise", env=env)
+    # --estimate reads the same cache (the workers' thread setup's), and times nothing
+    estimated = cli("show", model_file, "--parts", 2, "--strategy", "layerwise", "--estimate",
+                    env=env)
+    assert estimated.stdout == timed.stdout and estimated.stderr == ""
     fresh = {"GRAPHFLOW_COSTMODEL": str(tmp_path / "none.json")}
     r = cli("show", model_file, "--parts", 2, "--estimate", env=fresh)
     assert r.returncode == 0 and r.stderr == "" and not (tmp_path / "none.json").exists()

@@ -31,6 +31,7 @@ EXAMPLE = "example: graphflow visualize lc-large --parts 4 --strategy spatial -o
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add visualize's arguments to `parser` (a subparser of the `graphflow` command)."""
     from graphflow.partitioners import STRATEGIES
+    from graphflow.prediction import add_estimate_option  # (it imports the runtime)
 
     parser.description = parser.description or __doc__.split("\n\n")[0]
     parser.epilog = parser.epilog or EXAMPLE
@@ -55,10 +56,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="batch size for bytes, FLOPs and predicted times (64)")
     parser.add_argument("--json", action="store_true",
                         help="print a summary of each plan as JSON on stdout")
-    parser.add_argument("--estimate", action="store_true",
-                        help="predict from cached kernel times and FLOP estimates, timing "
-                             "nothing (by default the plans' kernels the cache lacks are timed "
-                             "here first)")
+    add_estimate_option(parser)
 
 
 def strategies(args: argparse.Namespace) -> list[str]:
@@ -77,8 +75,8 @@ def strategies(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Partition MODEL, write the picture, print where (or the summary with --json)."""
-    from graphflow.costmodel import CostModel
     from graphflow.partitioners import partition
+    from graphflow.prediction import command_cost
 
     if args.parts < 1:
         raise GraphflowError(f"--parts must be at least 1, got {args.parts}")
@@ -86,9 +84,7 @@ def run(args: argparse.Namespace) -> int:
         raise GraphflowError(f"--batch must be at least 1, got {args.batch}")
     name, graph, loss = load_model(args.model)
     plans = [partition(graph, args.parts, s, loss=loss) for s in strategies(args)]
-    cost = (CostModel.default(args.batch) if args.estimate else
-            CostModel.timed_for([p.graph for p in plans], args.batch, args.parts,
-                                say=lambda text: print(text, file=sys.stderr)))
+    cost = command_cost(plans, args.batch, args.estimate)
     diagrams = render(plans, args.output, args.detail, args.batch, name, args.view, cost)
     if args.json:
         print(json.dumps({"model": name, "output": str(args.output),
