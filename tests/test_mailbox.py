@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from graphflow.runtime import mailbox
 from graphflow.runtime.mailbox import Mailbox, PeerFailed
 from graphflow.transport import Endpoint
 
@@ -124,3 +125,22 @@ def test_a_post_behind_queued_tensors_keeps_its_place(mailboxes, monkeypatch):
                       deadline=time.monotonic() + 10.0)
         keys += [meta["key"] for meta, _ in got]
     assert keys == ["first", "second"]
+
+
+def test_every_post_yields_the_core_once_the_tensor_is_handed_over(mailboxes, monkeypatch):
+    # the thread that moves it must not wait behind the poster's next kernel (EEVDF lets a
+    # computing thread finish its slice first): post yields after handing the tensor over
+    m0, _ = mailboxes
+    seen = []
+    monkeypatch.setattr(mailbox, "_YIELD", lambda: seen.append((list(m0.sent_keys),
+                                                                m0._outbox.unfinished_tasks)))
+    m0.post("worker:1", "direct", np.zeros(2), 1, track=False)
+    assert seen == [(["direct"], 0)]  # gone to zmq from this thread, then the yield
+    m0._send_lock.acquire()  # as if the sender thread were mid-send: this one queues
+    try:
+        m0.post("worker:1", "queued", np.zeros(2), 1, track=False)
+        assert seen[1] == (["direct"], 1)  # queued for the sender thread, then the yield
+    finally:
+        m0._send_lock.release()
+    m0.flush()
+    assert m0.sent_keys == ["direct", "queued"]
