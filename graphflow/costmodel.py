@@ -33,6 +33,7 @@ from graphflow.timing import (
     ping_pong,
     read_cache,
     time_dispatch,
+    time_messages,
     time_nodes,
     time_update,
     time_update_call,
@@ -42,7 +43,7 @@ __all__ = ["LOCAL_OPS", "CostModel", "Link", "Prediction", "Transfer", "kernels"
            "signature", "tensor_bytes"]
 BUILTIN = {"flop_rates": {"*": 60e9}, "bandwidth_Bps": 5e9, "overhead_s": 2e-6,
            "update_Bps": 20e9, "update_shared_Bps": 12e9, "dispatch_s": 3e-6,
-           "update_call_s": 3e-6}
+           "update_call_s": 3e-6, "message_cpu_s": 30e-6}
 
 
 RATE_MIN = 10  # a kernel shows its rate once it runs this many times the per-kernel overhead
@@ -105,7 +106,10 @@ class CostModel:
 
     A node's seconds come from `times` (by node name: for tests and what-ifs), else a measured
     kernel signature, else overhead + max(flops / family FLOP rate, bytes / bandwidth); the
-    latter two plus `dispatch_s`, a worker's bookkeeping around each kernel.
+    latter two plus `dispatch_s`, a worker's bookkeeping around each kernel. A message costs
+    `message_cpu_s` of CPU at each end beside the link's time (both ends' transport threads,
+    measured between two worker processes in running steps: 20-47 us here, where a step's
+    kernels take 5 us to 10 ms).
     `measured` maps signature -> [seconds, family, flops, bytes]; `batch` fills None dims.
 
     >>> cm = CostModel(times={"a": 1.0}, link=Link(1e9, 0.0))
@@ -121,7 +125,8 @@ class CostModel:
                  update_Bps: float = BUILTIN["update_Bps"],
                  update_shared_Bps: float = BUILTIN["update_shared_Bps"],
                  dispatch_s: float = BUILTIN["dispatch_s"],
-                 update_call_s: float = BUILTIN["update_call_s"]) -> None:
+                 update_call_s: float = BUILTIN["update_call_s"],
+                 message_cpu_s: float = BUILTIN["message_cpu_s"]) -> None:
         self.measured: dict[str, list[Any]] = {k: list(v) for k, v in (measured or {}).items()}
         self.flop_rates = dict(flop_rates or BUILTIN["flop_rates"])
         self.bandwidth_Bps, self.overhead_s = bandwidth_Bps, overhead_s
@@ -129,6 +134,7 @@ class CostModel:
         self.update_shared_Bps = update_shared_Bps  # ... each, two workers updating at once
         self.dispatch_s = dispatch_s  # a worker's time on a node beside its kernel
         self.update_call_s = update_call_s  # an update's time beside its memory passes
+        self.message_cpu_s = message_cpu_s  # each end's CPU time on a message it sends or gets
         self.link = link or Link.builtin()
         self.times, self.batch = dict(times or {}), batch
         self._memo: dict[str, float] = {}
@@ -136,7 +142,7 @@ class CostModel:
     @classmethod
     def builtin(cls, batch: int = 64) -> CostModel:
         """Conservative built-in rates (60 GFLOP/s, 5 GB/s, link 1.2 GB/s + 300 us, 3 us a node
-        and an update beside their work); no cache."""
+        and an update beside their work, 30 us of CPU at each end of a message); no cache."""
         return cls(batch=batch)
 
     @classmethod
@@ -156,7 +162,8 @@ class CostModel:
     def calibrate(cls, graph: Graph, batch: int, repeats: int = 3, link: bool = True,
                   refresh: bool = False) -> CostModel:
         """Time each kernel signature of `graph` not yet cached (median of `repeats` passes after
-        a warm-up), refit the fallback rates, measure the link if not cached, save the cache.
+        a warm-up), refit the fallback rates, measure the link and a message's CPU if not
+        cached, save the cache.
 
         >>> import graphflow as gf
         >>> cm = CostModel.calibrate(gf.models.digits_lc().graph, batch=8)  # doctest: +SKIP
@@ -175,8 +182,8 @@ class CostModel:
             model.dispatch_s = time_dispatch(repeats)
         if refresh or model.update_call_s == BUILTIN["update_call_s"]:
             model.update_call_s = time_update_call(repeats)
-        if link and (refresh or model.link == Link.builtin()):
-            model.calibrate_link()
+        if link and (refresh or not model.link_measured()):
+            model.calibrate_link(repeats)
         model.save()
         return model
 
@@ -196,6 +203,8 @@ class CostModel:
             todo = {sig for g in graphs for sig in kernels(g, batch)} - set(model.measured)
             if todo and say:
                 say(f"timing {len(todo)} kernels on this machine (once: they are cached)")
+            if not model.link_measured() and say:
+                say("timing messages between two worker processes (once: it is cached)")
             for graph in graphs:
                 model = cls.calibrate(graph, batch, repeats)
         return model
@@ -210,12 +219,19 @@ class CostModel:
                 self.measured[sig][0] = statistics.median(times)
         self._fit()
 
+    def link_measured(self) -> bool:
+        """Whether the link and a message's CPU are this machine's, not the built-in guesses."""
+        return self.link != Link.builtin() and self.message_cpu_s != BUILTIN["message_cpu_s"]
+
     def calibrate_link(self, repeats: int = 5) -> Link:
-        """Measure the local transport (graphflow's Endpoint over ipc between two threads, 1 KB
-        and 4 MB ping-pong); store and return Link(bandwidth, latency)."""
+        """Measure the local transport: a message's CPU at each end and a small tensor's hop
+        between two worker processes in running steps (`timing.time_messages`: the hop is the
+        link's latency), and the bandwidth from a 1 KB and a 4 MB ping-pong over the Endpoint
+        (ipc); store them, return Link(bandwidth, latency)."""
         small, large = 1024, 4 << 20
         t_small, t_large = ping_pong(small, repeats), ping_pong(large, repeats)
-        self.link = Link((large - small) / max(t_large - t_small, 1e-9), t_small)
+        self.message_cpu_s, hop = time_messages(repeats)
+        self.link = Link((large - small) / max(t_large - t_small, 1e-9), hop)
         return self.link
 
     def save(self, path: Path | None = None) -> Path:
@@ -232,6 +248,7 @@ class CostModel:
             "bandwidth_Bps": merged.bandwidth_Bps, "overhead_s": merged.overhead_s,
             "update_Bps": self.update_Bps, "update_shared_Bps": self.update_shared_Bps,
             "dispatch_s": self.dispatch_s, "update_call_s": self.update_call_s,
+            "message_cpu_s": self.message_cpu_s,
             "link": [self.link.bandwidth_Bps, self.link.latency_s]}
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
@@ -359,4 +376,4 @@ class CostModel:
             node_seconds=lambda n: self.node_seconds(n, batch) * slow.get(n, 1.0),
             nbytes=lambda n: tensor_bytes(n, batch), transfer_seconds=link.seconds,
             updates=self.concurrent_updates if shared else lambda _, alone: alone,
-            update_seconds=self.update_seconds)
+            update_seconds=self.update_seconds, message_cpu=self.message_cpu_s)

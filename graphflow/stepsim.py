@@ -4,7 +4,10 @@ Each worker runs one node at a time, chosen as runtime/worker.py chooses: of the
 inputs are there, first those that lead to a send (the nearest send first: a peer may be
 waiting), then the rest in the order they became ready. A tensor goes to each other worker
 that reads it once, as soon as it is computed, sends out of one worker one after another on
-its link. Last, each worker updates its parameters.
+its link. Each message also costs both ends' cores `message_cpu` (the transport's threads:
+framing, zmq's I/O, the hand-over to the computing thread): the sender's right after the node,
+the receiver's as a task of its own (a receipt) that comes first once the tensor is nearly
+there, ending as it arrives if the worker is free. Last, each worker updates its parameters.
 
 Running nodes in plain topological order instead put, in speech-mlp's mincut plan, the output
 layer's weight gradient (a third of that worker's step) before the gradient the other worker
@@ -51,24 +54,37 @@ class Prediction:
         return "\n".join(rows)
 
 
+@dataclass(frozen=True)
+class Receipt:
+    """The receiving end's work on a tensor sent to it, due just before the link delivers it;
+    `there`: when the tensor counts as arrived (in the order a worker takes its ready nodes):
+    as the link delivers it, or later if that work, started when due, ends later."""
+
+    tensor: Node
+    there: float
+
+
 Span = tuple[int, float, float]  # (worker, start, end)
-# a node whose inputs are known: (when they are there, its rank: (0, steps to the nearest
-# send, position) for a node that leads to a send, else (1, when ready, position); the node)
-Queued = tuple[float, tuple[int, float, int], Node]
+# a task whose inputs are known: (when they are there, its rank: (-1, when due, position) for
+# a receipt, (0, steps to the nearest send, position) for a node that leads to a send, else
+# (1, when ready, position); the node or receipt)
+Queued = tuple[float, tuple[int, float, int], Node | Receipt]
 
 
 @dataclass
 class Costs:
     """What the simulator asks of the cost model: a node's seconds, a tensor's bytes and their
-    transfer seconds, a parameter's update seconds, and `updates(ends, alone)`: each worker's
+    transfer seconds, a parameter's update seconds, `updates(ends, alone)`: each worker's
     update seconds when worker w ends its compute at ends[w] and its update alone takes
-    alone[w] (workers on one machine share its memory)."""
+    alone[w] (workers on one machine share its memory), and the CPU seconds a message costs
+    each end."""
 
     node_seconds: Callable[[Node], float]
     nbytes: Callable[[Node], int]
     transfer_seconds: Callable[[int], float]
     updates: Callable[[list[float], list[float]], list[float]]
     update_seconds: Callable[[Node], float]
+    message_cpu: float = 0.0
 
 
 def simulate(graph: Graph, where: Mapping[Node, int], costs: Costs,
@@ -90,6 +106,8 @@ def simulate(graph: Graph, where: Mapping[Node, int], costs: Costs,
     spans: dict[Node, Span] = {}
     transfers: list[Transfer] = []
 
+    cpu = costs.message_cpu
+
     def produced(n: Node, end: float) -> None:
         w = where[n]
         ready[n, w] = end
@@ -98,14 +116,25 @@ def simulate(graph: Graph, where: Mapping[Node, int], costs: Costs,
             seconds = costs.transfer_seconds(nbytes)
         for d in dests[n]:
             start = max(end, link_free[w])
-            link_free[w] = ready[n, d] = start + seconds
+            link_free[w] = arrives = start + seconds
             bytes_out[w] += nbytes
             bytes_in[d] += nbytes
             transfers.append(Transfer(n.name, w, d, nbytes, start, seconds))
+            if cpu > 0:
+                free[w] += cpu  # (its node has just been placed: it ends at free[w])
+                busy[w] += cpu
+                due = max(arrives - cpu, start)
+                queues[d].append((due, (-1, due, position[n]), Receipt(n, due + cpu)))
+            else:
+                ready[n, d] = arrives
         for u in users[n]:
-            missing[u] -= 1
-            if missing[u] == 0:
-                arrive(u)
+            if cpu <= 0 or where[u] == w:
+                there(u)
+
+    def there(u: Node) -> None:  # one more of u's inputs is on u's worker
+        missing[u] -= 1
+        if missing[u] == 0:
+            arrive(u)
 
     queues: list[list[Queued]] = [[] for _ in range(workers)]  # per worker: inputs known
 
@@ -123,12 +152,21 @@ def simulate(graph: Graph, where: Mapping[Node, int], costs: Costs,
     for n in computed:
         if missing[n] == 0:
             arrive(n)
-    for _ in range(len(computed)):
-        n, w, start = _next(queues, free)
-        end = free[w] = start + costs.node_seconds(n)
+    receipts = sum(len(dests[n]) for n in order if n in dests) if cpu > 0 else 0
+    for _ in range(len(computed) + receipts):
+        task, w, start = _next(queues, free)
+        if isinstance(task, Receipt):
+            free[w] = start + cpu
+            busy[w] += cpu
+            ready[task.tensor, w] = task.there  # (its users start after this, w's next)
+            for u in users[task.tensor]:
+                if where[u] == w:
+                    there(u)
+            continue
+        end = free[w] = start + costs.node_seconds(task)
         busy[w] += end - start
-        spans[n] = (w, start, end)
-        produced(n, end)
+        spans[task] = (w, start, end)
+        produced(task, end)
     alone = [0.0] * workers  # then each worker updates the parameters it holds
     for n in params:
         alone[where[n]] += costs.update_seconds(n)
@@ -139,10 +177,10 @@ def simulate(graph: Graph, where: Mapping[Node, int], costs: Costs,
     return Prediction(step, busy, bytes_in, bytes_out, transfers, free), spans
 
 
-def _next(queues: list[list[Queued]], free: list[float]) -> tuple[Node, int, float]:
-    """The next node to start anywhere: (node, worker, start). A worker takes, once it is free,
-    the first by rank of its nodes whose inputs are there by then; the worker that starts
-    earliest goes first, so nothing simulated later can change its choice."""
+def _next(queues: list[list[Queued]], free: list[float]) -> tuple[Node | Receipt, int, float]:
+    """The next task to start anywhere: (node or receipt, worker, start). A worker takes, once
+    it is free, the first by rank of its tasks whose inputs are there by then; the worker that
+    starts earliest goes first, so nothing simulated later can change its choice."""
     best: tuple[float, int, int] | None = None  # (start, worker, index in its queue)
     for w, q in enumerate(queues):
         if q:

@@ -1,5 +1,6 @@
 """How the cost model measures this machine: kernels timed on random inputs, the optimizer's
-update rate, a ZeroMQ ping-pong for the link, and the cache that keeps the results per
+update rate, a ZeroMQ ping-pong for the link's bandwidth, messages between two worker processes
+for their CPU and latency, and the cache that keeps the results per
 machine, thread setup and kernel code (`fingerprint`).
 """
 
@@ -208,3 +209,76 @@ def ping_pong(nbytes: int, rounds: int, timeout: float = 5.0) -> float:
             times.append((time.perf_counter() - t0) / 2)
         thread.join(timeout)
     return statistics.median(times[1:])
+
+
+def time_messages(repeats: int, links: int = 40, hops: int = 40) -> tuple[float, float]:
+    """(CPU seconds each end spends on a message, seconds a small tensor takes from one worker
+    to the next) in running steps of two local worker processes, as a cluster runs them.
+
+    CPU: each worker negates a 64 x 128 tensor `links` times and sends each result to the
+    other, which negates and sums what it gets; the steps' extra time over the same graph with
+    the sums kept at home is that of 2 x `links` ends on each worker (a ping-pong, idle between
+    messages, showed 20-35 us here, against 47 in running steps). Little compute beside the
+    messages: a freshly started cluster at times computes 8-30% slower throughout.
+    Hop: a chain of `hops` one-element negations alternating between the workers, over the
+    same chain on one worker, per hop."""
+    from graphflow.runtime.cluster import Cluster  # (the runtime imports the cost model)
+
+    def step(graph: Any, fetch: list[str], feeds: dict[str, np.ndarray]) -> float:
+        from graphflow.partitioners import partition
+
+        with Cluster(partition(graph, 2, "manual"), mode="processes", timeout=30.0,
+                     pin=True) as cluster:
+            times = []
+            for _ in range(10 * max(repeats, 1) + 3):
+                t0 = time.perf_counter()
+                cluster.run(feeds, fetch)
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times[3:])
+
+    small = {f"x{w}": np.ones((64, 128), np.float32) for w in (0, 1)}
+    home, away = (step(*_exchange(links, cross), small) for cross in (False, True))
+    one = {"x": np.ones(1, np.float32)}
+    local, alternating = (step(*_chain(hops, alternate), one) for alternate in (False, True))
+    return max(away - home, 0.0) / (2 * links), max(alternating - local, 0.0) / hops
+
+
+def _exchange(links: int, cross: bool) -> tuple[Any, list[str]]:
+    """`time_messages`' graph: per worker a chain of negations, each link sent to the other
+    worker (`cross`) or kept, negated and summed there; and the sums to fetch."""
+    from graphflow.dsl import device, placeholder
+    from graphflow.ir import Graph
+    from graphflow.ops.elementwise import add, neg
+
+    sums = []
+    with Graph() as g:
+        for w in (0, 1):
+            with device(f"worker:{w}"):
+                h = placeholder(f"x{w}", (64, 128))
+            total = None
+            for _ in range(links):
+                with device(f"worker:{w}"):
+                    h = neg(h)
+                with device(f"worker:{1 - w if cross else w}"):
+                    got = neg(h)
+                    total = got if total is None else add(total, got)
+            sums.append(total)
+    return g, [t.name for t in sums if t is not None]
+
+
+def _chain(hops: int, alternate: bool) -> tuple[Any, list[str]]:
+    """`time_messages`' chain of one-element negations, alternating between two workers or
+    all on worker 0 (worker 1 negates the input once); and what to fetch."""
+    from graphflow.dsl import device, placeholder
+    from graphflow.ir import Graph
+    from graphflow.ops.elementwise import neg
+
+    with Graph() as g:
+        x = placeholder("x", (1,))
+        with device("worker:1"):
+            other = neg(x)
+        h = x
+        for i in range(hops):
+            with device(f"worker:{i % 2 if alternate else 0}"):
+                h = neg(h)
+    return g, [h.name, other.name]

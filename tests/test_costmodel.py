@@ -3,6 +3,7 @@ estimate, the cache, and a calibration smoke test."""
 
 import json
 
+import numpy as np
 import pytest
 
 import graphflow as gf
@@ -30,8 +31,9 @@ def _fork():
 
 
 def _model(times, bandwidth=ROW, latency=0.0):
-    """Times in seconds per node name; a link that moves one batch-1 tensor per second."""
-    return CostModel(times=times, link=Link(bandwidth, latency), batch=1)
+    """Times in seconds per node name; a link that moves one batch-1 tensor per second; no
+    CPU time on messages."""
+    return CostModel(times=times, link=Link(bandwidth, latency), batch=1, message_cpu_s=0.0)
 
 
 def test_chain_on_one_worker_is_the_sum_of_times():
@@ -78,6 +80,38 @@ def test_cut_edge_adds_the_transfer_time():
     assert (t.tensor, t.src, t.dst, t.nbytes) == ("a", 0, 1, ROW)
     assert t.seconds == pytest.approx(1.5) and t.start == pytest.approx(1.0)
     assert p.bytes_out == [ROW, 0] and p.bytes_in == [0, ROW]
+
+
+def test_a_message_costs_both_ends_cpu_without_delaying_an_idle_receiver():
+    # a -> b across workers, the link 0.5 s: the sender spends 0.2 s on the message after a,
+    # the receiver 0.2 s before the tensor is there (within the link's time: it was idle)
+    g, _ = _chain()
+    cm = _model({"a": 1.0, "b": 2.0, "c": 4.0}, bandwidth=1e18, latency=0.5)
+    cm.message_cpu_s = 0.2
+    p = cm.predict(g, {"x": 0, "a": 0, "b": 1, "c": 1})
+    assert p.step_seconds == pytest.approx(1.0 + 0.5 + 2.0 + 4.0)
+    assert p.busy == [pytest.approx(1.2), pytest.approx(6.2)]
+    # a message that costs more CPU than the link's time delays its tensor by the difference
+    cm.message_cpu_s = 0.7
+    assert cm.predict(g, {"x": 0, "a": 0, "b": 1, "c": 1}).step_seconds == \
+        pytest.approx(1.0 + 0.7 + 2.0 + 4.0)
+
+
+def test_a_busy_receiver_pays_for_a_message_before_the_next_node_on_it():
+    # worker 1 computes r1 (3 s) while a's tensor arrives at 1 s: it takes in the message
+    # (0.25 s) after r1, then l1 (ready since 1 s) before r2 (ready at 3 s)
+    cm = _model({"a": 1.0, "l1": 2.0, "l2": 2.0, "r1": 3.0, "r2": 3.0}, bandwidth=1e18)
+    cm.message_cpu_s = 0.25
+    with gf.Graph() as solo:  # r1 needs no input from worker 0: a constant's negation
+        c = gf.constant(np.ones((1, 1000), np.float32), name="c")
+        a = gf.neg(c, name="a")
+        gf.neg(gf.neg(a, name="l1"), name="l2")
+        gf.neg(gf.neg(c, name="r1"), name="r2")
+    p = cm.predict(solo, {"c": 0, "a": 0, "l1": 1, "l2": 1, "r1": 1, "r2": 1})
+    # worker 1: r1 0-3, the receipt 3-3.25, l1 3.25-5.25, r2 5.25-8.25, l2 8.25-10.25;
+    # worker 0: a, then its 0.25 s on the send
+    assert p.busy == [pytest.approx(1.25), pytest.approx(10.25)]
+    assert p.step_seconds == pytest.approx(10.25)
 
 
 def test_transfer_to_two_consumers_on_one_worker_is_sent_once():
@@ -204,12 +238,14 @@ def test_a_worker_s_time_around_each_kernel_is_added_to_every_kernel_but_not_to_
     assert cm.node_seconds(m.graph["fc2/W"]) == cm.node_seconds(m.graph["x"]) == 0.0
 
 
-def test_time_around_kernels_and_updates_is_measured_positive_and_small():
-    from graphflow.timing import time_dispatch, time_update_call
+def test_time_around_kernels_updates_and_messages_is_measured_positive_and_small():
+    from graphflow.timing import time_dispatch, time_messages, time_update_call
 
     # (bounds that hold on any machine that runs the suite; the figures are in the notes)
     assert 0.0 <= time_dispatch(1) < 1e-3
     assert 0.0 < time_update_call(1) < 1e-3
+    cpu, hop = time_messages(1)  # between two worker processes
+    assert 0.0 <= cpu < 1e-3 and 1e-6 < hop < 5e-3
 
 
 def test_predict_is_fast_on_a_training_graph():
@@ -247,6 +283,8 @@ def test_calibration_smoke_and_cache(tmp_path, monkeypatch):
     again = CostModel.default(batch=8)
     assert again.measured == cm.measured and again.link == cm.link
     assert cm.update_Bps > 0 and again.update_Bps == cm.update_Bps
+    assert cm.message_cpu_s != CostModel().message_cpu_s  # measured, not the built-in's
+    assert again.message_cpu_s == cm.message_cpu_s
     assert 0 < cm.update_shared_Bps and again.update_shared_Bps == cm.update_shared_Bps
     n = m.graph["lc2/local2d"]
     assert again.node_seconds(n) == cm.node_seconds(n, 8)

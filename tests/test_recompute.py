@@ -28,7 +28,7 @@ def reduction(tail_user_on_0=True):
 def model(**times):
     """Parts and readers take 1 ms, the sum and tail 1 us; a hop takes 1 ms."""
     base = {"p0": MS, "p1": MS, "s": 1e-6, "t": 1e-6, "u0": MS, "u1": MS}
-    return CostModel(times={**base, **times}, link=Link(1e18, MS), batch=1)
+    return CostModel(times={**base, **times}, link=Link(1e18, MS), batch=1, message_cpu_s=0.0)
 
 
 def test_a_round_trip_becomes_a_copy_of_the_cheap_nodes_on_the_reader():

@@ -10,7 +10,7 @@ scripts; `graphflow visualize MODEL ...` is `graphflow.viz.command`.
 >>> m = gf.models.lc_large(batch=None)
 >>> plan = gf.partition(m.graph, 4, "spatial", loss=m.loss)
 >>> [b.label for b in build_diagram(plan).boxes if len(b.workers) == 4]
-['lc1', 'relu', 'lc2', 'relu_1', 'to_nchw', 'fc', 'flatten', 'loss']
+['lc1', 'relu', 'lc2', 'relu_1', 'to_nchw', 'fc', 'flatten']
 """
 
 from graphflow.modelspec import load_model
