@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from graphflow.ir import Node
+from graphflow.ir import Graph, Node
 from graphflow.ops import aligned
 from graphflow.ops.registry import REGISTRY, concrete
 from graphflow.serialize import decode_value, encode_value
@@ -149,7 +149,6 @@ def time_dispatch(repeats: int, short: int = 20, long: int = 220) -> float:
     step of a 1-worker cluster (threads) over a chain of `long` one-element negations, less
     the step over `short` of them, per extra node, less the negation's own kernel."""
     from graphflow.dsl import placeholder  # (the runtime imports the cost model: not at the top)
-    from graphflow.ir import Graph
     from graphflow.ops.elementwise import neg
     from graphflow.partitioners import partition
     from graphflow.runtime.cluster import Cluster
@@ -217,16 +216,15 @@ def time_messages(repeats: int, links: int = 40, hops: int = 40) -> tuple[float,
 
     CPU: each worker negates a 64 x 128 tensor `links` times and sends each result to the
     other, which negates and sums what it gets; the steps' extra time over the same graph with
-    the sums kept at home is that of 2 x `links` ends on each worker (a ping-pong, idle between
-    messages, showed 20-35 us here, against 47 in running steps). Little compute beside the
+    the sums kept at home is that of 2 x `links` ends on each worker. Little compute beside the
     messages: a freshly started cluster at times computes 8-30% slower throughout.
     Hop: a chain of `hops` one-element negations alternating between the workers, over the
-    same chain on one worker, per hop."""
-    from graphflow.runtime.cluster import Cluster  # (the runtime imports the cost model)
+    same chain on one worker, per hop. (An idle ping-pong shows a message's CPU alike, 20-35
+    us here, but a hop of 42-54 us, against 80-127 in running steps.)"""
+    from graphflow.partitioners import partition  # (the runtime imports the cost model)
+    from graphflow.runtime.cluster import Cluster
 
-    def step(graph: Any, fetch: list[str], feeds: dict[str, np.ndarray]) -> float:
-        from graphflow.partitioners import partition
-
+    def median_step(graph: Graph, fetch: list[str], feeds: dict[str, np.ndarray]) -> float:
         with Cluster(partition(graph, 2, "manual"), mode="processes", timeout=30.0,
                      pin=True) as cluster:
             times = []
@@ -237,17 +235,17 @@ def time_messages(repeats: int, links: int = 40, hops: int = 40) -> tuple[float,
         return statistics.median(times[3:])
 
     small = {f"x{w}": np.ones((64, 128), np.float32) for w in (0, 1)}
-    home, away = (step(*_exchange(links, cross), small) for cross in (False, True))
+    home, away = (median_step(*_exchange(links, cross), small) for cross in (False, True))
     one = {"x": np.ones(1, np.float32)}
-    local, alternating = (step(*_chain(hops, alternate), one) for alternate in (False, True))
+    local, alternating = (median_step(*_chain(hops, alternate), one)
+                          for alternate in (False, True))
     return max(away - home, 0.0) / (2 * links), max(alternating - local, 0.0) / hops
 
 
-def _exchange(links: int, cross: bool) -> tuple[Any, list[str]]:
+def _exchange(links: int, cross: bool) -> tuple[Graph, list[str]]:
     """`time_messages`' graph: per worker a chain of negations, each link sent to the other
     worker (`cross`) or kept, negated and summed there; and the sums to fetch."""
     from graphflow.dsl import device, placeholder
-    from graphflow.ir import Graph
     from graphflow.ops.elementwise import add, neg
 
     sums = []
@@ -266,11 +264,10 @@ def _exchange(links: int, cross: bool) -> tuple[Any, list[str]]:
     return g, [t.name for t in sums if t is not None]
 
 
-def _chain(hops: int, alternate: bool) -> tuple[Any, list[str]]:
+def _chain(hops: int, alternate: bool) -> tuple[Graph, list[str]]:
     """`time_messages`' chain of one-element negations, alternating between two workers or
     all on worker 0 (worker 1 negates the input once); and what to fetch."""
     from graphflow.dsl import device, placeholder
-    from graphflow.ir import Graph
     from graphflow.ops.elementwise import neg
 
     with Graph() as g:
