@@ -371,9 +371,17 @@ class CostModel:
 
     def _costs(self, batch: int, link: Link, slow: Mapping[Node, float],
                shared: bool) -> Costs:
-        """This model's answers to the step simulator (graphflow/stepsim.py)."""
+        """This model's answers to the step simulator (graphflow/stepsim.py); a node's seconds
+        worked out once (a stream of simulated steps asks again each step)."""
+        seconds: dict[Node, float] = {}
+
+        def node_seconds(n: Node) -> float:
+            if n not in seconds:
+                seconds[n] = self.node_seconds(n, batch) * slow.get(n, 1.0)
+            return seconds[n]
+
         return Costs(
-            node_seconds=lambda n: self.node_seconds(n, batch) * slow.get(n, 1.0),
+            node_seconds=node_seconds,
             nbytes=lambda n: tensor_bytes(n, batch), transfer_seconds=link.seconds,
             updates=self.concurrent_updates if shared else lambda _, alone: alone,
             update_seconds=self.update_seconds, message_cpu=self.message_cpu_s)
