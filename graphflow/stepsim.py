@@ -124,8 +124,9 @@ def simulate(graph: Graph, where: Mapping[Node, int], costs: Costs,
             if cpu > 0:
                 free[w] += cpu  # (its node has just been placed: it ends at free[w])
                 busy[w] += cpu
+                agenda.moved(w)
                 due = max(arrives - cpu, start)
-                queues[d].push(due, (-1, due, position[n]), Receipt(n, due + cpu))
+                agenda.push(d, due, (-1, due, position[n]), Receipt(n, due + cpu))
             else:
                 ready[n, d] = arrives
         for u in users[n]:
@@ -137,13 +138,13 @@ def simulate(graph: Graph, where: Mapping[Node, int], costs: Costs,
         if missing[u] == 0:
             arrive(u)
 
-    queues = [_Queue() for _ in range(workers)]  # per worker: tasks whose inputs are known
+    agenda = _Agenda(free)
 
     def arrive(n: Node) -> None:
         w = where[n]
         at = max((ready[x, w] for x in n.inputs if x.op not in LOCAL_OPS), default=begin[w])
         rank = (0, urgent[n], position[n]) if n in urgent else (1, at, position[n])
-        queues[w].push(at, rank, n)
+        agenda.push(w, at, rank, n)
 
     params = [n for n in order if n.op == "parameter"]
     computed = [n for n in order if n.op not in LOCAL_OPS and n.op != "parameter"]
@@ -155,10 +156,11 @@ def simulate(graph: Graph, where: Mapping[Node, int], costs: Costs,
             arrive(n)
     receipts = sum(len(dests[n]) for n in order if n in dests) if cpu > 0 else 0
     for _ in range(len(computed) + receipts):
-        task, w, start = _next(queues, free)
+        task, w, start = agenda.next()
         if isinstance(task, Receipt):
             free[w] = start + cpu
             busy[w] += cpu
+            agenda.moved(w)
             ready[task.tensor, w] = task.there  # (its users start after this, w's next)
             for u in users[task.tensor]:
                 if where[u] == w:
@@ -166,6 +168,7 @@ def simulate(graph: Graph, where: Mapping[Node, int], costs: Costs,
             continue
         end = free[w] = start + costs.node_seconds(task)
         busy[w] += end - start
+        agenda.moved(w)
         spans[task] = (w, start, end)
         produced(task, end)
     alone = [0.0] * workers  # then each worker updates the parameters it holds
@@ -181,8 +184,8 @@ def simulate(graph: Graph, where: Mapping[Node, int], costs: Costs,
 class _Queue:
     """One worker's tasks whose inputs are known: those not there yet by the worker's time, by
     when they will be (a heap), and those that are, by rank (a heap). A worker's time only
-    grows, so a task once there stays there. (One list scanned whole at every pick had made a
-    64-worker plan's partition take minutes.)"""
+    grows, so a task once there stays there. (One list per worker, all scanned at every pick,
+    had made a 64-worker plan's partition take minutes.)"""
 
     def __init__(self) -> None:
         self.later: list[Queued] = []
@@ -205,19 +208,38 @@ class _Queue:
         return heapq.heappop(self.there)[1]
 
 
-def _next(queues: list[_Queue], free: list[float]) -> tuple[Node | Receipt, int, float]:
-    """The next task to start anywhere: (node or receipt, worker, start). A worker takes, once
-    it is free, the first by rank of its tasks whose inputs are there by then; the worker that
-    starts earliest goes first, so nothing simulated later can change its choice."""
-    best: tuple[float, int] | None = None  # (start, worker)
-    for w, q in enumerate(queues):
-        start = q.start(free[w])
-        if start is not None and (best is None or start < best[0]):
-            best = (start, w)
-    if best is None:
+class _Agenda:
+    """Every worker's known tasks and, in a heap, when each worker starts its next (entries a
+    later change made stale are skipped): the next task anywhere, as `next` tells, in log time.
+    A worker takes, once it is free, the first by rank of its tasks whose inputs are there by
+    then; the worker that starts earliest goes first (ties: the lowest index), so nothing
+    simulated later can change its choice. Whoever changes a worker's time in `free` (shared)
+    calls `moved`."""
+
+    def __init__(self, free: list[float]) -> None:
+        self.free = free
+        self.queues = [_Queue() for _ in free]
+        self.starts: list[tuple[float, int, int]] = []  # (start, worker, its version)
+        self.version = [0] * len(free)
+
+    def push(self, w: int, at: float, rank: tuple[int, float, int],
+             task: Node | Receipt) -> None:
+        self.queues[w].push(at, rank, task)
+        self.moved(w)
+
+    def moved(self, w: int) -> None:
+        self.version[w] += 1
+        start = self.queues[w].start(self.free[w])
+        if start is not None:
+            heapq.heappush(self.starts, (start, w, self.version[w]))
+
+    def next(self) -> tuple[Node | Receipt, int, float]:
+        """The next task to start anywhere: (node or receipt, worker, start)."""
+        while self.starts:
+            start, w, version = heapq.heappop(self.starts)
+            if version == self.version[w]:
+                return self.queues[w].pop(start), w, start
         raise ValueError("the graph's dependencies form a cycle across workers")
-    start, w = best
-    return queues[w].pop(start), w, start
 
 
 def shared_fraction(spans: Mapping[Node, Span], n: Node) -> float:
