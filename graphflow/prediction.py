@@ -98,7 +98,7 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
     for t in plan.transfers:  # a micro-batch's tensors between neighbouring stages
         lo = min(t.src, t.dst)
         hops[lo] = max(hops[lo], link.seconds(t.nbytes(mb)))
-        phase = "B" if t.tensor.startswith("grad/") else "F"  # (`is_backward`'s rule)
+        phase = "B" if is_backward(plan.graph[t.tensor]) else "F"
         work[phase][t.src] += cm.message_cpu_s  # each end's CPU on the message
         work[phase][t.dst] += cm.message_cpu_s
     ends = [end + late for end, late in zip(
