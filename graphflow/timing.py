@@ -150,8 +150,6 @@ def time_dispatch(repeats: int, short: int = 20, long: int = 220) -> float:
     the step over `short` of them, per extra node, less the negation's own kernel."""
     from graphflow.dsl import placeholder  # (the runtime imports the cost model: not at the top)
     from graphflow.ops.elementwise import neg
-    from graphflow.partitioners import partition
-    from graphflow.runtime.cluster import Cluster
 
     steps = {}
     for n in (short, long):
@@ -159,13 +157,8 @@ def time_dispatch(repeats: int, short: int = 20, long: int = 220) -> float:
             h = placeholder("x", (1,))
             for _ in range(n):
                 h = neg(h)
-        with Cluster(partition(g, 1, "layerwise"), mode="threads", timeout=30.0) as cluster:
-            times = []
-            for _ in range(3 * max(repeats, 1) + 1):
-                t0 = time.perf_counter()
-                cluster.run({"x": np.ones(1, np.float32)}, [h.name])
-                times.append(time.perf_counter() - t0)
-        steps[n] = statistics.median(times[1:])
+        steps[n] = _median_run(g, 1, "threads", {"x": np.ones(1, np.float32)}, [h.name],
+                               runs=3 * max(repeats, 1), warmup=1)
     kernel = time_nodes({"neg": h}, 1, repeats)["neg"]
     return max((steps[long] - steps[short]) / (long - short) - kernel, 0.0)
 
@@ -221,18 +214,9 @@ def time_messages(repeats: int, links: int = 40, hops: int = 40) -> tuple[float,
     Hop: a chain of `hops` one-element negations alternating between the workers, over the
     same chain on one worker, per hop. (An idle ping-pong shows a message's CPU alike, 20-35
     us here, but a hop of 42-54 us, against 80-127 in running steps.)"""
-    from graphflow.partitioners import partition  # (the runtime imports the cost model)
-    from graphflow.runtime.cluster import Cluster
-
     def median_step(graph: Graph, fetch: list[str], feeds: dict[str, np.ndarray]) -> float:
-        with Cluster(partition(graph, 2, "manual"), mode="processes", timeout=30.0,
-                     pin=True) as cluster:
-            times = []
-            for _ in range(10 * max(repeats, 1) + 3):
-                t0 = time.perf_counter()
-                cluster.run(feeds, fetch)
-                times.append(time.perf_counter() - t0)
-        return statistics.median(times[3:])
+        return _median_run(graph, 2, "processes", feeds, fetch, runs=10 * max(repeats, 1),
+                           warmup=3, pin=True)
 
     small = {f"x{w}": np.ones((64, 128), np.float32) for w in (0, 1)}
     home, away = (median_step(*_exchange(links, cross), small) for cross in (False, True))
@@ -240,6 +224,24 @@ def time_messages(repeats: int, links: int = 40, hops: int = 40) -> tuple[float,
     local, alternating = (median_step(*_chain(hops, alternate), one)
                           for alternate in (False, True))
     return max(away - home, 0.0) / (2 * links), max(alternating - local, 0.0) / hops
+
+
+def _median_run(graph: Graph, parts: int, mode: str, feeds: dict[str, np.ndarray],
+                fetch: list[str], runs: int, warmup: int, pin: bool | None = None) -> float:
+    """Median seconds of `runs` steps (`Cluster.run`, after `warmup` untimed) of `graph` on a
+    local cluster of `parts` workers (its device scopes place it: "manual"; one part:
+    layerwise)."""
+    from graphflow.partitioners import partition  # (the runtime imports the cost model)
+    from graphflow.runtime.cluster import Cluster
+
+    plan = partition(graph, parts, "manual" if parts > 1 else "layerwise")
+    with Cluster(plan, mode=mode, timeout=30.0, pin=pin) as cluster:
+        times = []
+        for _ in range(warmup + runs):
+            t0 = time.perf_counter()
+            cluster.run(feeds, fetch)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times[warmup:])
 
 
 def _exchange(links: int, cross: bool) -> tuple[Graph, list[str]]:
