@@ -21,6 +21,7 @@ from numba import njit
 
 from graphflow.errors import ShapeError
 from graphflow.ir import Node, Shape
+from graphflow.ops import rules
 from graphflow.ops.blas import NT, TR, gemm
 from graphflow.ops.registry import (
     CostFn,
@@ -159,6 +160,31 @@ def local_grad_weight(x: np.ndarray, dy: np.ndarray, kh: int, kw: int, sh: int, 
             l = oh * OW + ow
             gather_patch(xf, H, W, C * N, oh * sh - ph, ow * sw - pw, kh, kw, pf)
             gemm(NT, TR, Fo, K, N, dyf[l * Fo * N:], N, pf, N, zero, dwf[l * Fo * K:], K)
+
+
+# error_model="numpy": the update rules divide (ops/rules.py)
+@njit(cache=True, nogil=True, error_model="numpy")
+def local_grad_weight_update(x: np.ndarray, dy: np.ndarray, kh: int, kw: int, sh: int, sw: int,
+                             ph: int, pw: int, p: np.ndarray, rule: int, s: np.ndarray,
+                             y: np.ndarray, lr: float, mu: float, eps: float,
+                             scale: float) -> None:
+    """Update p (OH, OW, F, K) by `rule` (ops/rules.py, with its flat state s) from the
+    gradient `scale * (dw + y)`, dw as `local_grad_weight` computes it (y: a flat sum over
+    earlier micro-batches, or empty): each location's block of dw goes to the rule while it is
+    in cache, so dw is never written out and read back (two passes over an array as large as
+    p, which a locally connected layer's weights make the step's largest)."""
+    H, W, C, N = x.shape
+    OH, OW, Fo, K = p.shape
+    xf, dyf, pflat = x.reshape(x.size), dy.reshape(dy.size), p.reshape(p.size)
+    zero = np.zeros(1, x.dtype)
+    pf = np.empty(K * N, x.dtype)
+    block = np.empty(Fo * K, x.dtype)
+    for oh in range(OH):
+        for ow in range(OW):
+            l = oh * OW + ow
+            gather_patch(xf, H, W, C * N, oh * sh - ph, ow * sw - pw, kh, kw, pf)
+            gemm(NT, TR, Fo, K, N, dyf[l * Fo * N:], N, pf, N, zero, block, K)
+            rules.run(rule, pflat, s, block, 0, y, l * Fo * K, Fo * K, lr, mu, eps, scale)
 
 
 @njit(cache=True, nogil=True)

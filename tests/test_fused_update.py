@@ -12,6 +12,7 @@ from graphflow.ops.short_gemm import matmul_tn, matmul_tn_update
 from graphflow.optim import SGD, Adagrad, Momentum, Optimizer
 from graphflow.partitioners import partition
 from graphflow.runtime import Cluster
+from tests.spies import updated_by
 
 ARGS = {rules.SGD: (np.float32(0.05), 0.0, 0.0), rules.MOMENTUM: (0.05, 0.9, 0.0),
         rules.ADAGRAD: (0.05, 0.0, 1e-8)}
@@ -86,16 +87,7 @@ def mlp() -> Model:
 @pytest.fixture
 def fused(monkeypatch) -> list[str]:
     """The parameters SGD.update_product updated (workers as threads of this process)."""
-    calls: list[str] = []
-    real = SGD.update_product
-
-    def spy(self, name, *args, **kwargs):
-        done = real(self, name, *args, **kwargs)
-        calls.extend([name] if done else [])
-        return done
-
-    monkeypatch.setattr(SGD, "update_product", spy)
-    return calls
+    return updated_by(monkeypatch, SGD, "update_product")
 
 
 def mlp_batches(seed: int, steps: int) -> list[dict[str, np.ndarray]]:

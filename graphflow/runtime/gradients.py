@@ -18,6 +18,7 @@ import numpy as np
 
 from graphflow.ir import Graph, Node
 from graphflow.ops import aligned
+from graphflow.ops.local import geometry
 from graphflow.optim import Optimizer
 
 
@@ -84,17 +85,22 @@ class GradientSums:
         return self.sums[name]
 
     def apply_product(self, updater: Updater, param: str, value: np.ndarray, grad: str,
-                      a: np.ndarray, b: np.ndarray) -> bool:
-        """`apply` where the gradient's last part is the product a.T @ b, not yet computed: an
-        Optimizer computes it in the update's own pass (`update_product`). False, and nothing
-        done, where it cannot (a parameter server's link, shapes its kernel does not take)."""
+                      node: Node, inputs: list[np.ndarray]) -> bool:
+        """`apply` where the gradient's last part is `node` (a `fused_gradients` one) of
+        `inputs`, not yet computed: an Optimizer computes it in the update's own pass
+        (`update_product`, `update_local`). False, and nothing done, where it cannot (a
+        parameter server's link, shapes its kernel does not take)."""
         if param in self.applied or not isinstance(updater, Optimizer) or grad in self.tails:
             return False
-        if not updater.update_product(param, value, a, b, 1.0 / self.microbatches,
-                                      self.sums.get(grad)):
-            return False
-        self.applied.add(param)
-        return True
+        scale, also = 1.0 / self.microbatches, self.sums.get(grad)
+        if node.op == "matmul":
+            done = updater.update_product(param, value, *inputs, scale, also)
+        else:
+            done = updater.update_local(param, value, *inputs, geometry(node.attrs), scale,
+                                        also)
+        if done:
+            self.applied.add(param)
+        return done
 
     def apply(self, updater: Updater, param: str, value: np.ndarray, grad: str) -> None:
         """Update `param` (its array `value`) from gradient `grad`'s average, unless done."""
@@ -108,16 +114,22 @@ class GradientSums:
                            self.tails.pop(grad, None))
 
 
-def product_gradients(graph: Graph, grads: Mapping[str, str],
-                      users: Mapping[Node, list[Node]]) -> dict[Node, str]:
-    """Gradient node -> its parameter, where the gradient is x.T @ dy and read by nothing else,
-    and only matmuls read the parameter: their results are new arrays, where a view of it (a
+def fused_gradients(graph: Graph, grads: Mapping[str, str],
+                    users: Mapping[Node, list[Node]]) -> dict[Node, str]:
+    """Gradient node -> its parameter, where the update can run in the gradient's own kernel
+    (`GradientSums.apply_product`): the gradient is x.T @ dy, or a locally connected layer's
+    weight gradient, and read by nothing else; and only ops whose results are new arrays read
+    the parameter (matmuls; the layer and its input gradient), where a view of it (a
     transpose, a reshape) read after the update would see the new values, and a send of it
     might still be on its way."""
     out: dict[Node, str] = {}
     for p, g in grads.items():
         n = graph[g]
-        if n.op == "matmul" and n.attrs.get("transpose_a") and not n.attrs.get("transpose_b") \
-                and not users[n] and all(u.op == "matmul" for u in users[graph[p]]):
+        readers = {u.op for u in users[graph[p]]}
+        if users[n]:
+            continue
+        if (n.op == "matmul" and n.attrs.get("transpose_a") and not n.attrs.get("transpose_b")
+                and readers <= {"matmul"}) or (n.op == "local2d_grad_weight"
+                                               and readers <= {"local2d", "local2d_grad_input"}):
             out[n] = p
     return out

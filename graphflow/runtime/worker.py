@@ -27,7 +27,7 @@ from graphflow.ops.registry import REGISTRY
 from graphflow.optim import OPTIMIZERS, Optimizer
 from graphflow.runtime import pipeline
 from graphflow.runtime.backlog import Backlog, early_updates, weight_groups
-from graphflow.runtime.gradients import GradientSums, Updater, product_gradients
+from graphflow.runtime.gradients import GradientSums, Updater, fused_gradients
 from graphflow.runtime.mailbox import Mailbox, StepFailed, worker_name
 from graphflow.trace.recorder import EXECUTOR, Recorder, clock
 from graphflow.transport.endpoint import Endpoint
@@ -45,8 +45,8 @@ class _Run:
     pending_users: dict[Node, int]
     into: dict[Node, np.ndarray] = field(default_factory=dict)
     seed_scale: float = 1.0  # the micro-batch's weight (see `pipeline.microbatch_rows`)
-    # (parameter, its gradient gemm's inputs) -> whether it was updated in that gemm's pass
-    update: Callable[[str, list[np.ndarray]], bool] | None = None
+    # (a fused gradient node, its inputs) -> whether its kernel ran the update (`_in_gemm`)
+    update: Callable[[Node, list[np.ndarray]], bool] | None = None
 
 
 class Worker:
@@ -70,7 +70,7 @@ class Worker:
         self.position = {n: i for i, n in enumerate(self.order)}
         self.recvs = {n.attrs["key"]: n for n in self.order if n.op == "recv"}
         self.grad_nodes = set(self.grads.values())
-        self.products = product_gradients(graph, self.grads, self.users)
+        self.fused = fused_gradients(graph, self.grads, self.users)
         self.stages = stages
         backward = {n for n in self.order if pipeline.is_backward(n)}
         weights = pipeline.deferred_weight_nodes(self.order, self.users,
@@ -206,7 +206,7 @@ class Worker:
     def _weight_group(self, backlog: Backlog, group: int, keep: set[str],
                       got: dict[str, list[np.ndarray]], sums: GradientSums, tag: int,
                       check_numerics: bool, last: bool = False,
-                      update: Callable[[str, list[np.ndarray]], bool] | None = None) -> None:
+                      update: Callable[[Node, list[np.ndarray]], bool] | None = None) -> None:
         """Run one group of the W phase over the micro-batches it has not taken (their inputs
         joined along the batch axis: one gemm per weight, however many micro-batches) and add
         its gradients to `sums` (`last`: the step's last run, see GradientSums; `update`: the
@@ -225,9 +225,10 @@ class Worker:
 
     def _in_gemm(self, sums: GradientSums, updater: Updater | None, fetches: list[str],
                  pending_users: dict[Node, int] | None = None, group: int = -1,
-                 ) -> Callable[[str, list[np.ndarray]], bool] | None:
-        """A run's `update`: a parameter whose gradient is the product x.T @ dy is updated in
-        that gemm's own pass (Optimizer.update_product: the gradient is never written out and
+                 ) -> Callable[[Node, list[np.ndarray]], bool] | None:
+        """A run's `update`: a parameter whose gradient is the product x.T @ dy, or a locally
+        connected layer's weight gradient (`fused_gradients`), is updated in that kernel's own
+        pass (Optimizer.update_product, update_local: the gradient is never written out and
         read back), once nothing of the step reads the parameter any more: in a run of the
         whole step, when its users there have all run (`pending_users`); in the W phase's last
         run of `group`, when the group makes its gradient final (`early_updates`). Not for a
@@ -235,12 +236,13 @@ class Worker:
         if updater is None:
             return None
 
-        def update(param: str, inputs: list[np.ndarray]) -> bool:
+        def update(node: Node, inputs: list[np.ndarray]) -> bool:
+            param = self.fused[node]
             final = (param in self.w_updates[group] if pending_users is None
                      else pending_users[self.graph[param]] == 0)
             return (final and self.grads[param] not in fetches
                     and sums.apply_product(updater, param, self.params[param],
-                                           self.grads[param], *inputs))
+                                           self.grads[param], node, inputs))
         return update
 
     def _update_early(self, group: int, sums: GradientSums, updater: Updater,
@@ -350,8 +352,7 @@ class Worker:
                 raise StepFailed(located(n, f"is not fed on {worker_name(self.index)}"))
             return checked_value(n, feeds[n.name])
         inputs = [run.values[x] for x in n.inputs]
-        if run.update is not None and n in self.products and run.update(self.products[n],
-                                                                         inputs):
+        if run.update is not None and n in self.fused and run.update(n, inputs):
             return UPDATED
         if n in run.into:
             return accumulate_kernel(n, inputs, run.into[n], check_numerics)
