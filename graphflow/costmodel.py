@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from graphflow.ir import SOURCE_OPS, Graph, Node
+from graphflow.ir import SOURCE_OPS, Graph, Node, users_of
 from graphflow.ops.registry import REGISTRY, concrete, node_cost
 from graphflow.stepsim import LOCAL_OPS, Costs, Prediction, Transfer, shared_fraction, simulate
 from graphflow.timing import (
@@ -39,7 +39,7 @@ from graphflow.timing import (
     time_update_call,
 )
 
-__all__ = ["LOCAL_OPS", "CostModel", "Link", "Prediction", "Transfer", "kernels",
+__all__ = ["LOCAL_OPS", "CostModel", "Link", "Prediction", "Transfer", "fused_updates", "kernels",
            "signature", "tensor_bytes"]
 BUILTIN = {"flop_rates": {"*": 60e9}, "bandwidth_Bps": 5e9, "overhead_s": 2e-6,
            "update_Bps": 20e9, "update_shared_Bps": 12e9, "dispatch_s": 3e-6,
@@ -98,6 +98,28 @@ def kernels(graph: Graph, batch: int) -> dict[str, Node]:
     for n in graph.toposort():
         if n.op not in SOURCE_OPS and REGISTRY[n.op].forward:
             out.setdefault(signature(n, batch), n)
+    return out
+
+
+def fused_updates(graph: Graph) -> set[Node]:
+    """The parameters a worker updates in their gradient's own kernel with any optimizer
+    (runtime/gradients.py, `fusable`): locally connected layers' weights, each found by its
+    gradient, the local2d_grad_weight of the layer's own input. (SGD's update in a matmul's
+    gradient gemm is not counted: the model does not know the optimizer.)"""
+    from graphflow.runtime.gradients import fusable  # (the runtime imports the cost model)
+
+    users = users_of(graph.toposort())
+    geometry = ("kernel", "stride", "padding")
+    out = set()
+    for g in graph.nodes:
+        if g.op != "local2d_grad_weight":
+            continue
+        for f in users[g.inputs[0]]:
+            w = f.inputs[1] if f.op == "local2d" else None
+            if (w is not None and w.op == "parameter" and w.shape == g.shape
+                    and all(f.attrs.get(k) == g.attrs.get(k) for k in geometry)
+                    and fusable(g, w, users)):
+                out.add(w)
     return out
 
 
@@ -298,10 +320,12 @@ class CostModel:
                                                     (read + written) / self.bandwidth_Bps)
         return self._memo[sig] + self.dispatch_s
 
-    def update_seconds(self, param: Node, parts: int = 1) -> float:
+    def update_seconds(self, param: Node, parts: int = 1, fused: bool = False) -> float:
         """Seconds of the optimizer's update of `param`: the call, then reading it and its
-        gradient (in `parts` arrays) and writing it at the optimizer kernel's measured rate."""
-        passes = UPDATE_PASSES + parts - 1
+        gradient (in `parts` arrays) and writing it at the optimizer kernel's measured rate;
+        `fused` (one of `fused_updates`), in its gradient's kernel: the gradient is not read
+        back (nor written, but its kernel was timed writing it)."""
+        passes = UPDATE_PASSES + parts - 1 - int(fused)
         return self.update_call_s + passes * tensor_bytes(param, 1) / self.update_Bps
 
     def concurrent_updates(self, starts: Sequence[float], alone: Sequence[float]) -> list[float]:
@@ -347,11 +371,12 @@ class CostModel:
             raise KeyError(f"placement has no worker for {len(missing)} nodes, e.g. {missing[:3]}")
         where = {n: placement[n.name] for n in graph.nodes}
         shared = contention > 1.0  # workers of one machine
-        first, spans = simulate(graph, where, self._costs(batch, link, {}, shared))
+        fused = fused_updates(graph)
+        first, spans = simulate(graph, where, self._costs(batch, link, {}, shared, fused))
         if not shared or len(first.busy) < 2:
             return first
         slow = {n: 1.0 + (contention - 1.0) * shared_fraction(spans, n) for n in spans}
-        return simulate(graph, where, self._costs(batch, link, slow, shared))[0]
+        return simulate(graph, where, self._costs(batch, link, slow, shared, fused))[0]
 
     def stream_seconds(self, graph: Graph, placement: Mapping[str, int],
                        batch: int | None = None, steps: int = 4) -> float:
@@ -363,14 +388,14 @@ class CostModel:
         where = {n: placement[n.name] for n in graph.nodes}
         start = [0.0] * (max(where.values(), default=0) + 1)
         ends = [0.0]
-        costs = self._costs(batch, self.link, {}, shared=False)
+        costs = self._costs(batch, self.link, {}, False, fused_updates(graph))
         for _ in range(steps):
             start = simulate(graph, where, costs, starts=start)[0].finish
             ends.append(max(start))
         return ends[-1] - ends[-2]
 
     def _costs(self, batch: int, link: Link, slow: Mapping[Node, float],
-               shared: bool) -> Costs:
+               shared: bool, fused: set[Node]) -> Costs:
         """This model's answers to the step simulator (graphflow/stepsim.py); a node's seconds
         worked out once (a stream of simulated steps asks again each step)."""
         seconds: dict[Node, float] = {}
@@ -384,4 +409,5 @@ class CostModel:
             node_seconds=node_seconds,
             nbytes=lambda n: tensor_bytes(n, batch), transfer_seconds=link.seconds,
             updates=self.concurrent_updates if shared else lambda _, alone: alone,
-            update_seconds=self.update_seconds, message_cpu=self.message_cpu_s)
+            update_seconds=lambda p: self.update_seconds(p, fused=p in fused),
+            message_cpu=self.message_cpu_s)

@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Any
 
-from graphflow.costmodel import CostModel, Link
+from graphflow.costmodel import CostModel, Link, fused_updates
 from graphflow.ir import SOURCE_OPS, users_of
 from graphflow.models import Model
 from graphflow.partitioners import Plan, partition
@@ -76,13 +76,14 @@ def predict(plan: Plan, batch: int, microbatches: int, repeats: int,
     early = early_weight_stages(plan)
     order = plan.graph.toposort()
     late = set(late_nodes(order, users_of(order)))
+    fused = fused_updates(plan.graph)
     for n in plan.graph.nodes:
         w = plan.placement[n.name]
         if n in late:  # run at the end, over each micro-batch (a fetched loss)
             late_work[w] += side_by_side * microbatches * cm.node_seconds(n, mb)
         elif n.op == "parameter":  # (an early W leaves the last micro-batches' part apart)
             tail = w in early and plan.grads.get(n.name) in group_of
-            seconds = cm.update_seconds(n, parts=2 if tail else 1)
+            seconds = cm.update_seconds(n, parts=2 if tail else 1, fused=n in fused)
             if n.name in updated_after:  # (mostly while other stages compute, not update)
                 w_updates[w][updated_after[n.name][1]] += seconds
             else:

@@ -6,12 +6,15 @@ import numpy as np
 import pytest
 
 import graphflow as gf
+from graphflow.costmodel import CostModel, fused_updates
+from graphflow.ir import users_of
 from graphflow.models import digits_lc
 from graphflow.ops import rules
 from graphflow.ops.local import local_grad_weight, local_grad_weight_update
 from graphflow.optim import SGD, Adagrad, Momentum, Optimizer
 from graphflow.partitioners import partition
 from graphflow.runtime import Cluster
+from graphflow.runtime.gradients import fused_gradients
 from tests.spies import updated_by
 
 ARGS = {rules.SGD: (np.float32(0.05), 0.0, 0.0), rules.MOMENTUM: (0.05, 0.9, 0.0),
@@ -127,3 +130,19 @@ def test_workers_update_in_the_kernel_as_they_would_apart(optimizer, parts, stra
             trainer.step(fed["x"], fed["y"])
         for name, want in trainer.session.params.items():
             np.testing.assert_allclose(got[name], want, rtol=0, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize(("parts", "strategy"), [(1, "layerwise"), (2, "spatial"),
+                                                 (2, "layerwise")])
+def test_the_cost_model_counts_the_updates_the_workers_fuse(parts, strategy):
+    """fused_updates finds, by the graph's structure alone, the local weights the runtime
+    updates in their gradients' kernels (which it knows from the plan), and charges their
+    updates a pass less."""
+    model = digits_lc()
+    plan = partition(model.graph, parts, strategy, loss=model.loss)
+    runtime = fused_gradients(plan.graph, plan.grads, users_of(plan.graph.toposort()))
+    want = {plan.graph[p] for g, p in runtime.items() if g.op == "local2d_grad_weight"}
+    assert want and fused_updates(plan.graph) == want
+    cm = CostModel.builtin()
+    for w in want:
+        assert cm.update_seconds(w, fused=True) < cm.update_seconds(w)

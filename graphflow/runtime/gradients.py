@@ -117,19 +117,20 @@ class GradientSums:
 def fused_gradients(graph: Graph, grads: Mapping[str, str],
                     users: Mapping[Node, list[Node]]) -> dict[Node, str]:
     """Gradient node -> its parameter, where the update can run in the gradient's own kernel
-    (`GradientSums.apply_product`): the gradient is x.T @ dy, or a locally connected layer's
-    weight gradient, and read by nothing else; and only ops whose results are new arrays read
-    the parameter (matmuls; the layer and its input gradient), where a view of it (a
-    transpose, a reshape) read after the update would see the new values, and a send of it
-    might still be on its way."""
-    out: dict[Node, str] = {}
-    for p, g in grads.items():
-        n = graph[g]
-        readers = {u.op for u in users[graph[p]]}
-        if users[n]:
-            continue
-        if (n.op == "matmul" and n.attrs.get("transpose_a") and not n.attrs.get("transpose_b")
-                and readers <= {"matmul"}) or (n.op == "local2d_grad_weight"
-                                               and readers <= {"local2d", "local2d_grad_input"}):
-            out[n] = p
-    return out
+    (`GradientSums.apply_product`; `fusable`)."""
+    return {graph[g]: p for p, g in grads.items() if fusable(graph[g], graph[p], users)}
+
+
+def fusable(grad: Node, param: Node, users: Mapping[Node, list[Node]]) -> bool:
+    """Whether `param`'s update can run in its gradient `grad`'s kernel: the gradient is
+    x.T @ dy, or a locally connected layer's weight gradient, and read by nothing else; and
+    only ops whose results are new arrays read the parameter (matmuls; the layer and its
+    input gradient), where a view of it (a transpose, a reshape) read after the update would
+    see the new values, and a send of it might still be on its way."""
+    readers = {u.op for u in users[param]}
+    if users[grad]:
+        return False
+    if grad.op == "matmul":
+        return (bool(grad.attrs.get("transpose_a")) and not grad.attrs.get("transpose_b")
+                and readers <= {"matmul"})
+    return grad.op == "local2d_grad_weight" and readers <= {"local2d", "local2d_grad_input"}
