@@ -8,7 +8,7 @@ from graphflow import prediction
 from graphflow.bench import rounds, speedup
 from graphflow.bench.rounds import TRIAL_WITHIN
 from graphflow.costmodel import CostModel
-from graphflow.models import digits_lc, speech_mlp
+from graphflow.models import digits_lc, lc_large, speech_mlp
 from graphflow.partitioners import partition
 from graphflow.prediction import (
     TIE,
@@ -116,7 +116,7 @@ def test_the_first_stage_weight_gemms_are_predicted_a_micro_batch_at_a_time(monk
     plan = partition(m.graph, 2, "layerwise", loss=m.loss)
     seen = {}
 
-    def simulate(kind, microbatches, forward, backward, weights, hops=(), updates=()):
+    def simulate(kind, microbatches, forward, backward, weights, hops=(), updates=(), starts=()):
         seen[microbatches] = list(weights)
         seen["updates"] = [list(u) for u in updates]
         return [0.0] * len(forward)
@@ -280,3 +280,16 @@ def test_a_point_whose_clusters_ran_at_different_speeds_gets_a_note(monkeypatch)
     notes = speedup.run(args)["notes"]
     assert notes == ["digits-lc spatial P=2: its clusters ran 70.0 / 91.0 / 70.0 ms a step "
                      "(medians): 1.30x apart"]
+
+
+def test_a_pipelined_step_is_predicted_as_a_stream_runs_it(monkeypatch):
+    """The first stage starts the next step's forwards while the last one still runs its
+    weight gradients and updates: a step of the stream takes less than one from a common
+    start (lc-large's two stages: 58.0 against 65.5 ms; measured 55.9 streamed)."""
+    m = lc_large(batch=None)
+    plan = partition(m.graph, 2, "layerwise", loss=m.loss)
+    cost = CostModel(flop_rates={"*": 50e9}, bandwidth_Bps=10e9)
+    streamed = predict(plan, 64, 2, 1, cost=cost, schedule="eager")
+    monkeypatch.setattr(prediction, "STREAMED", 1)
+    alone = predict(plan, 64, 2, 1, cost=cost, schedule="eager")
+    assert streamed < 0.95 * alone

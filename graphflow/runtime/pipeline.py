@@ -163,8 +163,10 @@ def check_linear(transfers: list[tuple[str, int, int]]) -> None:
 
 def simulate(kind: str, microbatches: int, forward: Sequence[float], backward: Sequence[float],
              weights: Sequence[float | Sequence[float]],
-             hops: Sequence[float] = (), updates: Sequence[Sequence[float]] = ()) -> list[float]:
-    """When each stage ends its step under schedule `kind`, the worker's rules included:
+             hops: Sequence[float] = (), updates: Sequence[Sequence[float]] = (),
+             starts: Sequence[float] = ()) -> list[float]:
+    """When each stage ends its step under schedule `kind` (stage s starting at starts[s],
+    default 0: in a stream of steps, when it ended the last one), the worker's rules included:
     stage s takes forward[s] / backward[s] seconds per micro-batch and weights[s] per
     micro-batch of W work (a list: per group of W nodes, see runtime/backlog.py); a
     micro-batch's tensors take hops[s] seconds between stages s and s + 1 (either way); the
@@ -177,6 +179,10 @@ def simulate(kind: str, microbatches: int, forward: Sequence[float], backward: S
     [7.0, 5.0]
     >>> simulate("gpipe", 2, [1, 1], [1, 1], [0, 0], updates=[[0.5], [1]])  # after the W
     [6.5, 6.0]
+    >>> simulate("gpipe", 2, [1, 1], [1, 1], [0, 2])  # the last stage's W: 2 a micro-batch
+    [6.0, 9.0]
+    >>> simulate("gpipe", 2, [1, 1], [1, 1], [0, 2], starts=[6.0, 9.0])  # streamed: 8 a step
+    [14.0, 17.0]
     """
     stages = len(forward)
     hops = list(hops) or [0.0] * (stages - 1)
@@ -186,7 +192,7 @@ def simulate(kind: str, microbatches: int, forward: Sequence[float], backward: S
              for g, u in zip(groups, list(updates) or [[]] * stages, strict=True)]
     tasks = [schedule(kind, s, stages, microbatches) for s in range(stages)]
     done: dict[tuple[str, int, int], float] = {}  # (phase, stage, micro-batch) -> end time
-    free, nxt = [0.0] * stages, [0] * stages
+    free, nxt = [float(t) for t in starts] or [0.0] * stages, [0] * stages
     pending = [[0] * len(g) for g in groups]  # per stage and group: micro-batches not taken
     last_forward = [max(i for i, (p, _) in enumerate(t) if p == "F") for t in tasks]
 
