@@ -45,7 +45,7 @@ class _Run:
     pending_users: dict[Node, int]
     into: dict[Node, np.ndarray] = field(default_factory=dict)
     seed_scale: float = 1.0  # the micro-batch's weight (see `pipeline.microbatch_rows`)
-    # (a fused gradient node, its inputs) -> whether its kernel ran the update (`_in_gemm`)
+    # (a fused gradient node, its inputs) -> whether its kernel ran the update (`_fused_update`)
     update: Callable[[Node, list[np.ndarray]], bool] | None = None
 
 
@@ -159,7 +159,7 @@ class Worker:
                 for group in backlog.waiting():
                     self._weight_group(backlog, group, keep, got, sums, w_tag, check_numerics,
                                        last=True, update=None if check_numerics else
-                                       self._in_gemm(sums, updater, fetches, group=group))
+                                       self._fused_update(sums, updater, fetches, group=group))
                     if updater is not None:  # its gradients are final: update now, while
                         # other stages compute, not when all stream memory at the end
                         self._update_early(group, sums, updater, fetches)
@@ -172,7 +172,7 @@ class Worker:
             run = runs.setdefault(mb, _Run({}, dict(self.user_counts),
                                            seed_scale=microbatches * sizes[mb] / sum(sizes)))
             if microbatches == 1 and not check_numerics:  # its gradients are final here
-                run.update = self._in_gemm(sums, updater, fetches, run.pending_users)
+                run.update = self._fused_update(sums, updater, fetches, run.pending_users)
             self._dataflow(self.phases[phase], run, {k: v[mb] for k, v in parts.items()}, keep,
                            tag, check_numerics)
             if phase != "F":  # the micro-batch is complete
@@ -210,7 +210,7 @@ class Worker:
         """Run one group of the W phase over the micro-batches it has not taken (their inputs
         joined along the batch axis: one gemm per weight, however many micro-batches) and add
         its gradients to `sums` (`last`: the step's last run, see GradientSums; `update`: the
-        run's, see `_in_gemm`)."""
+        run's, see `_fused_update`)."""
         nodes = self.w_groups[group]
         # a gradient already summed from earlier micro-batches: its gemm adds straight into
         # the sum (beta = 1) instead of writing a new array that is then added. Not where
@@ -223,7 +223,7 @@ class Worker:
         self._dataflow(nodes, run, {}, keep, tag, check_numerics)
         self._collect(run, keep, got, sums, copy=False, last=last)
 
-    def _in_gemm(self, sums: GradientSums, updater: Updater | None, fetches: list[str],
+    def _fused_update(self, sums: GradientSums, updater: Updater | None, fetches: list[str],
                  pending_users: dict[Node, int] | None = None, group: int = -1,
                  ) -> Callable[[Node, list[np.ndarray]], bool] | None:
         """A run's `update`: a parameter whose gradient is the product x.T @ dy, or a locally
