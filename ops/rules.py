@@ -1,9 +1,10 @@
 """The update rules, elementwise: SGD, momentum and DistBelief's Adagrad.
 
-One loop serves both passes that update a parameter: the optimizer's over a whole gradient
-(graphflow/optim.py) and the weight-gradient gemm's over each block of rows of the gradient it
-has just summed (`short_gemm.matmul_tn_update`), so the two give the same parameters, bit for
-bit.
+One loop serves every pass that updates a parameter: the optimizer's over a whole gradient
+(graphflow/optim.py), the weight-gradient gemm's over each block of rows of the gradient it
+has just summed (`short_gemm.matmul_tn_update`) and the locally connected layer's over each
+location's block (`local.local_grad_weight_update`), so all give the same parameters, bit
+for bit.
 
 Element i of the gradient is x[x_at + i - at] plus, where y has elements, y[i]: a gradient in
 two parts (a sum over earlier micro-batches and the last one's) is added as it is read.
