@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from graphflow.ir import SOURCE_OPS, Graph, Node, users_of
+from graphflow.ir import SOURCE_OPS, Graph, Node
 from graphflow.ops.registry import REGISTRY, concrete, node_cost
 from graphflow.stepsim import LOCAL_OPS, Costs, Prediction, Transfer, shared_fraction, simulate
 from graphflow.timing import (
@@ -39,7 +39,7 @@ from graphflow.timing import (
     time_update_call,
 )
 
-__all__ = ["LOCAL_OPS", "CostModel", "Link", "Prediction", "Transfer", "fused_updates", "kernels",
+__all__ = ["LOCAL_OPS", "CostModel", "Link", "Prediction", "Transfer", "kernels",
            "signature", "tensor_bytes"]
 BUILTIN = {"flop_rates": {"*": 60e9}, "bandwidth_Bps": 5e9, "overhead_s": 2e-6,
            "update_Bps": 20e9, "update_shared_Bps": 12e9, "dispatch_s": 3e-6,
@@ -101,26 +101,11 @@ def kernels(graph: Graph, batch: int) -> dict[str, Node]:
     return out
 
 
-def fused_updates(graph: Graph) -> set[Node]:
-    """The parameters a worker updates in their gradient's own kernel with any optimizer
-    (runtime/gradients.py, `fusable`): locally connected layers' weights, each found by its
-    gradient, the local2d_grad_weight of the layer's own input. (SGD's update in a matmul's
-    gradient gemm is not counted: the model does not know the optimizer.)"""
-    from graphflow.runtime.gradients import fusable  # (the runtime imports the cost model)
+def _fused_updates(graph: Graph) -> set[Node]:
+    """runtime/gradients.py's `fused_updates` (the runtime imports the cost model)."""
+    from graphflow.runtime import gradients
 
-    users = users_of(graph.toposort())
-    geometry = ("kernel", "stride", "padding")
-    out = set()
-    for g in graph.nodes:
-        if g.op != "local2d_grad_weight":
-            continue
-        for f in users[g.inputs[0]]:
-            w = f.inputs[1] if f.op == "local2d" else None
-            if (w is not None and w.op == "parameter" and w.shape == g.shape
-                    and all(f.attrs.get(k) == g.attrs.get(k) for k in geometry)
-                    and fusable(g, w, users)):
-                out.add(w)
-    return out
+    return gradients.fused_updates(graph)
 
 
 class CostModel:
@@ -323,8 +308,8 @@ class CostModel:
     def update_seconds(self, param: Node, parts: int = 1, fused: bool = False) -> float:
         """Seconds of the optimizer's update of `param`: the call, then reading it and its
         gradient (in `parts` arrays) and writing it at the optimizer kernel's measured rate;
-        `fused` (one of `fused_updates`), in its gradient's kernel: the gradient is not read
-        back (nor written, but its kernel was timed writing it)."""
+        `fused` (runtime/gradients.py's `fused_updates`), in its gradient's kernel: the
+        gradient is not read back (nor written, but its kernel was timed writing it)."""
         passes = UPDATE_PASSES + parts - 1 - int(fused)
         return self.update_call_s + passes * tensor_bytes(param, 1) / self.update_Bps
 
@@ -371,7 +356,7 @@ class CostModel:
             raise KeyError(f"placement has no worker for {len(missing)} nodes, e.g. {missing[:3]}")
         where = {n: placement[n.name] for n in graph.nodes}
         shared = contention > 1.0  # workers of one machine
-        fused = fused_updates(graph)
+        fused = _fused_updates(graph)
         first, spans = simulate(graph, where, self._costs(batch, link, {}, shared, fused))
         if not shared or len(first.busy) < 2:
             return first
@@ -388,7 +373,7 @@ class CostModel:
         where = {n: placement[n.name] for n in graph.nodes}
         start = [0.0] * (max(where.values(), default=0) + 1)
         ends = [0.0]
-        costs = self._costs(batch, self.link, {}, False, fused_updates(graph))
+        costs = self._costs(batch, self.link, {}, False, _fused_updates(graph))
         for _ in range(steps):
             start = simulate(graph, where, costs, starts=start)[0].finish
             ends.append(max(start))

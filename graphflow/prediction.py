@@ -9,11 +9,12 @@ import argparse
 import sys
 from typing import Any
 
-from graphflow.costmodel import CostModel, Link, fused_updates
+from graphflow.costmodel import CostModel, Link
 from graphflow.ir import SOURCE_OPS, users_of
 from graphflow.models import Model
 from graphflow.partitioners import Plan, partition
 from graphflow.runtime.backlog import early_updates, weight_groups
+from graphflow.runtime.gradients import fused_updates
 from graphflow.runtime.pipeline import (
     check_linear,
     deferred_weight_nodes,

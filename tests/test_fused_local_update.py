@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import graphflow as gf
-from graphflow.costmodel import CostModel, fused_updates
+from graphflow.costmodel import CostModel
 from graphflow.ir import users_of
 from graphflow.models import digits_lc
 from graphflow.ops import rules
@@ -14,7 +14,7 @@ from graphflow.ops.local import local_grad_weight, local_grad_weight_update
 from graphflow.optim import SGD, Adagrad, Momentum, Optimizer
 from graphflow.partitioners import partition
 from graphflow.runtime import Cluster
-from graphflow.runtime.gradients import fused_gradients
+from graphflow.runtime.gradients import fused_gradients, fused_updates
 from tests.spies import updated_by
 
 ARGS = {rules.SGD: (np.float32(0.05), 0.0, 0.0), rules.MOMENTUM: (0.05, 0.9, 0.0),

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from graphflow.ir import Graph, Node
+from graphflow.ir import Graph, Node, users_of
 from graphflow.ops import aligned
 from graphflow.ops.local import geometry
 from graphflow.optim import Optimizer
@@ -134,3 +134,24 @@ def fusable(grad: Node, param: Node, users: Mapping[Node, list[Node]]) -> bool:
         return (bool(grad.attrs.get("transpose_a")) and not grad.attrs.get("transpose_b")
                 and readers <= {"matmul"})
     return grad.op == "local2d_grad_weight" and readers <= {"local2d", "local2d_grad_input"}
+
+
+def fused_updates(graph: Graph) -> set[Node]:
+    """The parameters a worker updates in their gradient's own kernel with any optimizer, as
+    the cost model counts them (it has no plan's gradient names): locally connected layers'
+    weights (`fusable`), each found by its gradient, the local2d_grad_weight of the layer's
+    own input. (SGD's update in a matmul's gradient gemm is not counted: the model does not
+    know the optimizer.)"""
+    users = users_of(graph.toposort())
+    geometry = ("kernel", "stride", "padding")
+    out = set()
+    for g in graph.nodes:
+        if g.op != "local2d_grad_weight":
+            continue
+        for f in users[g.inputs[0]]:
+            w = f.inputs[1] if f.op == "local2d" else None
+            if (w is not None and w.op == "parameter" and w.shape == g.shape
+                    and all(f.attrs.get(k) == g.attrs.get(k) for k in geometry)
+                    and fusable(g, w, users)):
+                out.add(w)
+    return out
