@@ -1,7 +1,7 @@
 """How the cost model measures this machine: kernels timed on random inputs, the optimizer's
 update rate, a ZeroMQ ping-pong for the link's bandwidth, messages between two worker processes
-for their CPU and latency, and the cache that keeps the results per
-machine, thread setup and kernel code (`fingerprint`).
+for their CPU and latency, and the cache that keeps the results per machine, thread setup and
+kernel code (`fingerprint`).
 """
 
 from __future__ import annotations
