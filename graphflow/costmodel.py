@@ -341,14 +341,14 @@ class CostModel:
 
         Each worker runs its nodes one at a time as the runtime does (graphflow/stepsim.py):
         of those whose inputs have arrived, what leads to a send first. A tensor is sent once
-        per destination worker as soon as it is produced (parameters at time 0); sends out of
-        one worker serialise on its link. Placeholders and constants are local everywhere.
-        Last, each worker applies the update to its parameters (three passes over them at the
-        optimizer's measured rate: a streaming kernel, far faster per byte than the fitted
-        `bandwidth_Bps` of the graph's small memory-bound kernels). With `contention` > 1
-        (workers on one machine share its memory and caches: how much slower a step runs beside
-        another, as measured), a node takes that much longer for the part of its time another
-        worker computes too (found by a first pass without it).
+        per destination worker as soon as it is produced (parameters at time 0); the bytes
+        into and out of a worker go one message at a time on its link. Placeholders and
+        constants are local everywhere. Last, each worker applies the update to its parameters
+        (three passes over them at the optimizer's measured rate: a streaming kernel, far
+        faster per byte than the fitted `bandwidth_Bps` of the graph's small memory-bound
+        kernels). With `contention` > 1 (workers on one machine share its memory and caches:
+        how much slower a step runs beside another, as measured), a node takes that much longer
+        for the part of its time another worker computes too (found by a first pass without it).
         """
         batch, link = batch or self.batch, link or self.link
         missing = [n.name for n in graph.nodes if n.name not in placement]
@@ -395,4 +395,4 @@ class CostModel:
             nbytes=lambda n: tensor_bytes(n, batch), transfer_seconds=link.seconds,
             updates=self.concurrent_updates if shared else lambda _, alone: alone,
             update_seconds=lambda p: self.update_seconds(p, fused=p in fused),
-            message_cpu=self.message_cpu_s)
+            message_cpu=self.message_cpu_s, latency=link.latency_s)

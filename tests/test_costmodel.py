@@ -131,6 +131,39 @@ def test_sends_out_of_one_worker_serialise():
     assert p.step_seconds == pytest.approx(3.0 + 2.0)
 
 
+def test_sends_in_a_row_serialise_their_bytes_but_overlap_their_latency():
+    g = _fork()
+    cm = _model({"a": 1.0, "l1": 1.0, "l2": 1.0, "r1": 1.0, "r2": 1.0}, latency=0.5)
+    p = cm.predict(g, {"x": 0, "a": 0, "l1": 1, "l2": 1, "r1": 2, "r2": 2})
+    first, second = sorted(p.transfers, key=lambda t: t.start)
+    assert (first.start, first.seconds) == (pytest.approx(1.0), pytest.approx(1.5))
+    assert (second.start, second.seconds) == (pytest.approx(2.0), pytest.approx(1.5))
+    assert p.step_seconds == pytest.approx(3.5 + 2.0)
+
+
+def test_messages_into_one_worker_queue_on_its_link():
+    with gf.Graph() as g:  # workers 1 and 2 each send worker 0 a part at once: a gather
+        x = gf.placeholder("x", (None, 1000))
+        gf.add(gf.neg(x, name="p1"), gf.exp(x, name="p2"), name="s")
+    cm = _model({"p1": 1.0, "p2": 1.0, "s": 1.0}, latency=0.25)
+    p = cm.predict(g, {"x": 0, "p1": 1, "p2": 2, "s": 0})
+    assert sorted(t.start + t.seconds for t in p.transfers) == [pytest.approx(2.25),
+                                                                pytest.approx(3.25)]
+    assert p.step_seconds == pytest.approx(3.25 + 1.0)
+    assert p.bytes_in == [2 * ROW, 0, 0]
+
+
+def test_a_link_takes_in_a_message_in_the_first_gap_after_it_arrives():
+    from graphflow.stepsim import _Inbox
+
+    inbox = _Inbox()  # messages are simulated out of time order: later ones may come first
+    assert inbox.take(5.0, 1.0) == 6.0
+    assert inbox.take(0.0, 2.0) == 2.0  # before the first, which it does not delay
+    assert inbox.take(1.0, 2.0) == 4.0  # after the second, in the gap before the first
+    assert inbox.take(3.0, 2.0) == 8.0  # no gap of 2 s left before 6
+    assert inbox.busy == [(0.0, 2.0), (2.0, 4.0), (5.0, 6.0), (6.0, 8.0)]
+
+
 def test_a_worker_runs_what_a_peer_waits_for_first_as_the_runtime_does():
     with gf.Graph() as g:  # h comes first in graph order, but b on worker 0 waits for a
         x = gf.placeholder("x", (None, 1000))
