@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from graphflow import stepsim
 from graphflow.ir import SOURCE_OPS, Graph, Node
 from graphflow.ops.registry import REGISTRY, concrete, node_cost
-from graphflow.stepsim import LOCAL_OPS, Costs, Prediction, Transfer, shared_fraction, simulate
+from graphflow.stepsim import LOCAL_OPS, Costs, Prediction, Transfer
 from graphflow.timing import (
     UPDATE_PASSES,
     cache_path,
@@ -354,14 +355,14 @@ class CostModel:
         missing = [n.name for n in graph.nodes if n.name not in placement]
         if missing:
             raise KeyError(f"placement has no worker for {len(missing)} nodes, e.g. {missing[:3]}")
-        where = {n: placement[n.name] for n in graph.nodes}
+        layout = stepsim.Layout.of(graph, {n: placement[n.name] for n in graph.nodes})
         shared = contention > 1.0  # workers of one machine
         fused = _fused_updates(graph)
-        first, spans = simulate(graph, where, self._costs(batch, link, {}, shared, fused))
+        first, spans = stepsim.simulate(layout, self._costs(batch, link, {}, shared, fused))
         if not shared or len(first.busy) < 2:
             return first
-        slow = {n: 1.0 + (contention - 1.0) * shared_fraction(spans, n) for n in spans}
-        return simulate(graph, where, self._costs(batch, link, slow, shared, fused))[0]
+        slow = {n: 1.0 + (contention - 1.0) * stepsim.shared_fraction(spans, n) for n in spans}
+        return stepsim.simulate(layout, self._costs(batch, link, slow, shared, fused))[0]
 
     def stream_seconds(self, graph: Graph, placement: Mapping[str, int],
                        batch: int | None = None, steps: int = 4) -> float:
@@ -370,12 +371,11 @@ class CostModel:
         busier worker starts each step later, so what it waits for costs the stream a wait
         that one step from a common start (`predict`) may not show."""
         batch = batch or self.batch
-        where = {n: placement[n.name] for n in graph.nodes}
-        start = [0.0] * (max(where.values(), default=0) + 1)
-        ends = [0.0]
+        layout = stepsim.Layout.of(graph, {n: placement[n.name] for n in graph.nodes})
+        start, ends = [0.0] * layout.workers, [0.0]
         costs = self._costs(batch, self.link, {}, False, _fused_updates(graph))
         for _ in range(steps):
-            start = simulate(graph, where, costs, starts=start)[0].finish
+            start = stepsim.simulate(layout, costs, starts=start)[0].finish
             ends.append(max(start))
         return ends[-1] - ends[-2]
 

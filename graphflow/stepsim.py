@@ -93,22 +93,49 @@ class Costs:
     latency: float = 0.0  # of transfer_seconds: sends in a row overlap theirs
 
 
-def simulate(graph: Graph, where: Mapping[Node, int], costs: Costs,
-             starts: Sequence[float] | None = None) -> tuple[Prediction, dict[Node, Span]]:
-    """One step of `graph` with node n on worker where[n], worker w starting at starts[w]
-    (default 0): the prediction and each computed node's (worker, start, end)."""
-    order = graph.toposort()
-    workers = max(where.values(), default=0) + 1
+@dataclass(frozen=True)
+class Layout:
+    """What a simulated step needs of the graph and its placement alone: worked out once for
+    a stream of steps (`CostModel.stream_seconds`), not once a step (a quarter of the time a
+    64-worker plan's recompute pass took)."""
+
+    where: Mapping[Node, int]
+    users: dict[Node, list[Node]]
+    dests: dict[Node, list[int]]  # the other workers that read a node
+    urgent: dict[Node, int]  # steps to the nearest send, for the nodes that lead to one
+    position: dict[Node, int]
+    params: list[Node]
+    computed: list[Node]
+    inputs: dict[Node, int]  # how many of a computed node's inputs are not local
+    workers: int
+
+    @classmethod
+    def of(cls, graph: Graph, where: Mapping[Node, int]) -> Layout:
+        order = graph.toposort()
+        users = users_of(order)
+        same = {n: [u for u in users[n] if where[u] == where[n]] for n in order}
+        dests = {n: sorted({where[u] for u in users[n]} - {where[n]}) for n in order
+                 if n.op not in LOCAL_OPS}
+        computed = [n for n in order if n.op not in LOCAL_OPS and n.op != "parameter"]
+        return cls(where, users, dests,
+                   steps_to_send(order, same, lambda n: bool(dests.get(n))),
+                   {n: i for i, n in enumerate(order)},
+                   [n for n in order if n.op == "parameter"], computed,
+                   {n: sum(x.op not in LOCAL_OPS for x in n.inputs) for n in computed},
+                   max(where.values(), default=0) + 1)
+
+
+def simulate(layout: Layout, costs: Costs, starts: Sequence[float] | None = None
+             ) -> tuple[Prediction, dict[Node, Span]]:
+    """One step of the graph with node n on worker where[n] (`Layout.of(graph, where)`),
+    worker w starting at starts[w] (default 0): the prediction and each computed node's
+    (worker, start, end)."""
+    where, users, dests, urgent = layout.where, layout.users, layout.dests, layout.urgent
+    position, workers = layout.position, layout.workers
     begin = list(starts) if starts is not None else [0.0] * workers
     free, link_free, busy = list(begin), list(begin), [0.0] * workers
     inboxes = [_Inbox() for _ in range(workers)]
     bytes_in, bytes_out = [0] * workers, [0] * workers
-    users = users_of(order)
-    same = {n: [u for u in users[n] if where[u] == where[n]] for n in order}
-    dests = {n: sorted({where[u] for u in users[n]} - {where[n]}) for n in order
-             if n.op not in LOCAL_OPS}
-    urgent = steps_to_send(order, same, lambda n: bool(dests.get(n)))
-    position = {n: i for i, n in enumerate(order)}
     ready: dict[tuple[Node, int], float] = {}  # (tensor, worker) -> when it is there
     spans: dict[Node, Span] = {}
     transfers: list[Transfer] = []
@@ -154,15 +181,13 @@ def simulate(graph: Graph, where: Mapping[Node, int], costs: Costs,
         rank = (0, urgent[n], position[n]) if n in urgent else (1, at, position[n])
         agenda.push(w, at, rank, n)
 
-    params = [n for n in order if n.op == "parameter"]
-    computed = [n for n in order if n.op not in LOCAL_OPS and n.op != "parameter"]
-    missing = {n: sum(x.op not in LOCAL_OPS for x in n.inputs) for n in computed}
+    params, computed, missing = layout.params, layout.computed, dict(layout.inputs)
     for n in params:  # a parameter is there when its worker starts the step
         produced(n, begin[where[n]])
     for n in computed:
         if missing[n] == 0:
             arrive(n)
-    receipts = sum(len(dests[n]) for n in order if n in dests) if cpu > 0 else 0
+    receipts = sum(len(d) for d in dests.values()) if cpu > 0 else 0
     for _ in range(len(computed) + receipts):
         task, w, start = agenda.next()
         if isinstance(task, Receipt):
