@@ -272,7 +272,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         if args.strategy != "all":
             print(plans[0].report(args.batch, cost))
             return 0
-        print(f"{name} on {args.parts} workers, batch {args.batch}:")
+        from graphflow.partitioners.plan import contention_note
+
+        print(f"{name} on {args.parts} workers, batch {args.batch}"
+              f"{contention_note(cost.contention, args.parts)}:")
         for strategy, plan in zip(strategies, plans, strict=True):
             cut = sum(t.nbytes(args.batch) for t in plan.transfers)
             prediction = plan.predict(args.batch, cost)

@@ -11,10 +11,7 @@ True
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
@@ -38,6 +35,7 @@ from graphflow.timing import (
     time_nodes,
     time_update,
     time_update_call,
+    write_cache,
 )
 
 __all__ = ["LOCAL_OPS", "CostModel", "Link", "Prediction", "Transfer", "kernels",
@@ -102,13 +100,6 @@ def kernels(graph: Graph, batch: int) -> dict[str, Node]:
     return out
 
 
-def _fused_updates(graph: Graph) -> set[Node]:
-    """runtime/gradients.py's `fused_updates` (the runtime imports the cost model)."""
-    from graphflow.runtime import gradients
-
-    return gradients.fused_updates(graph)
-
-
 class CostModel:
     """Seconds per node and per transfer, and a step-time simulator.
 
@@ -146,6 +137,13 @@ class CostModel:
         self.link = link or Link.builtin()
         self.times, self.batch = dict(times or {}), batch
         self._memo: dict[str, float] = {}
+        # workload -> how much slower a step ran beside another on this machine (`graphflow
+        # bench speedup`'s ceiling); `contention` is their median, what local plans predict by
+        self.contentions: dict[str, float] = {}
+
+    @property
+    def contention(self) -> float:
+        return statistics.median(self.contentions.values()) if self.contentions else 1.0
 
     @classmethod
     def builtin(cls, batch: int = 64) -> CostModel:
@@ -160,9 +158,11 @@ class CostModel:
         if not entry:
             return cls.builtin(batch)
         link = Link(*entry.pop("link")) if entry.get("link") else None
+        contentions = entry.pop("contentions", {})
         fitted = ("flop_rates", "bandwidth_Bps", "overhead_s")  # refit by today's rule
         model = cls(**{**BUILTIN, **{k: v for k, v in entry.items() if k not in fitted}},
                     link=link, batch=batch)
+        model.contentions = dict(contentions)
         model._fit()
         return model
 
@@ -247,7 +247,8 @@ class CostModel:
         timed before keeps the faster time (a busy machine only slows kernels), others stay."""
         path = path or cache_path()
         data = read_cache(path)
-        merged = CostModel(measured=data.get(fingerprint(), {}).get("measured"))
+        before = data.get(fingerprint(), {})
+        merged = CostModel(measured=before.get("measured"))
         merged.measured.update({sig: list(v) for sig, v in self.measured.items()
                                 if v[0] < merged.measured.get(sig, [float("inf")])[0]})
         merged._fit()
@@ -257,12 +258,9 @@ class CostModel:
             "update_Bps": self.update_Bps, "update_shared_Bps": self.update_shared_Bps,
             "dispatch_s": self.dispatch_s, "update_call_s": self.update_call_s,
             "message_cpu_s": self.message_cpu_s,
+            "contentions": {**before.get("contentions", {}), **self.contentions},
             "link": [self.link.bandwidth_Bps, self.link.latency_s]}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": 1, "machines": data}, f)
-        os.replace(tmp, path)
+        write_cache(path, data)
         return path
 
     def _fit(self) -> None:
@@ -357,12 +355,11 @@ class CostModel:
             raise KeyError(f"placement has no worker for {len(missing)} nodes, e.g. {missing[:3]}")
         layout = stepsim.Layout.of(graph, {n: placement[n.name] for n in graph.nodes})
         shared = contention > 1.0  # workers of one machine
-        fused = _fused_updates(graph)
-        first, spans = stepsim.simulate(layout, self._costs(batch, link, {}, shared, fused))
+        first, spans = stepsim.simulate(layout, self._costs(batch, link, {}, shared, graph))
         if not shared or len(first.busy) < 2:
             return first
         slow = {n: 1.0 + (contention - 1.0) * stepsim.shared_fraction(spans, n) for n in spans}
-        return stepsim.simulate(layout, self._costs(batch, link, slow, shared, fused))[0]
+        return stepsim.simulate(layout, self._costs(batch, link, slow, shared, graph))[0]
 
     def stream_seconds(self, graph: Graph, placement: Mapping[str, int],
                        batch: int | None = None, steps: int = 4) -> float:
@@ -373,17 +370,20 @@ class CostModel:
         batch = batch or self.batch
         layout = stepsim.Layout.of(graph, {n: placement[n.name] for n in graph.nodes})
         start, ends = [0.0] * layout.workers, [0.0]
-        costs = self._costs(batch, self.link, {}, False, _fused_updates(graph))
+        costs = self._costs(batch, self.link, {}, False, graph)
         for _ in range(steps):
             start = stepsim.simulate(layout, costs, starts=start)[0].finish
             ends.append(max(start))
         return ends[-1] - ends[-2]
 
     def _costs(self, batch: int, link: Link, slow: Mapping[Node, float],
-               shared: bool, fused: set[Node]) -> Costs:
-        """This model's answers to the step simulator (graphflow/stepsim.py); a node's seconds
-        worked out once (a stream of simulated steps asks again each step)."""
+               shared: bool, graph: Graph) -> Costs:
+        """This model's answers to the step simulator (graphflow/stepsim.py) on `graph`; a
+        node's seconds worked out once (a stream of simulated steps asks again each step)."""
+        from graphflow.runtime.gradients import fused_updates  # (the runtime imports us)
+
         seconds: dict[Node, float] = {}
+        fused = fused_updates(graph)
 
         def node_seconds(n: Node) -> float:
             if n not in seconds:

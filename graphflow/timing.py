@@ -163,6 +163,15 @@ def time_dispatch(repeats: int, short: int = 20, long: int = 220) -> float:
     return max((steps[long] - steps[short]) / (long - short) - kernel, 0.0)
 
 
+def write_cache(path: Path, machines: Mapping[str, Any]) -> None:
+    """Write the cache (machine fingerprint -> entry) at once: a reader never sees half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"version": 1, "machines": dict(machines)}, f)
+    os.replace(tmp, path)
+
+
 def read_cache(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())

@@ -138,14 +138,21 @@ class Plan:
         return out
 
     def predict(self, batch: int = 64, cost: Any = None, link: Any = None) -> Any:
-        """The cost model's prediction of one training step (graphflow.costmodel.Prediction)."""
+        """The cost model's prediction of one training step (graphflow.costmodel.Prediction).
+        Without `link`, the workers are this machine's: their kernels run slower while another
+        computes, as `graphflow bench speedup` last measured (`CostModel.contention`)."""
         from graphflow.costmodel import CostModel  # the cost model imports the op table
 
-        return (cost or CostModel.default(batch)).predict(self.graph, self.placement, batch, link)
+        cm = cost or CostModel.default(batch)
+        return cm.predict(self.graph, self.placement, batch, link,
+                          contention=cm.contention if link is None else 1.0)
 
     def report(self, batch: int = 64, cost: Any = None) -> str:
         """A table per worker: nodes, sends, receives, GFLOPs, parameter MB, MB in / out and
         the cost model's predicted busy time, then the predicted step time."""
+        from graphflow.costmodel import CostModel
+
+        cost = cost or CostModel.default(batch)
         prediction = self.predict(batch, cost)
         lines = [f"plan: {self.strategy}, {self.parts} worker(s), batch {batch}, "
                  f"{len(self.transfers)} transfers of "
@@ -160,7 +167,8 @@ class Plan:
         copies = [n.name for n in self.graph if original_name(n.name) != n.name]
         if copies:  # see partitioners/recompute.py
             lines.append(f"recomputed instead of received: {', '.join(copies)}")
-        lines.append(f"predicted step: {1e3 * prediction.step_seconds:.1f} ms")
+        lines.append(f"predicted step: {1e3 * prediction.step_seconds:.1f} ms"
+                     + contention_note(cost.contention, self.parts))
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -197,3 +205,11 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path) -> Plan:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def contention_note(contention: float, parts: int) -> str:
+    """What a local prediction says of the workers slowing each other, if it counted that."""
+    if contention <= 1.0 or parts < 2:
+        return ""
+    return (f" (workers here slow each other {contention:.2f}x, as `graphflow bench speedup` "
+            f"last measured)")

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from graphflow import prediction
-from graphflow.bench import rounds, speedup
+from graphflow.bench import rounds, single_threaded, speedup
 from graphflow.bench.rounds import TRIAL_WITHIN
 from graphflow.costmodel import CostModel
 from graphflow.models import digits_lc, lc_large, speech_mlp
@@ -52,6 +52,10 @@ def test_quick_run_writes_points_json_and_png(tmp_path, capsys):
             # the share of the machine's ceiling (two independent 1-worker clusters) it reaches
             assert p["of_ceiling"] == pytest.approx(p["speedup"] / wl["ceiling"]["ratio"]), key
     assert wl["ceiling"]["ratio"] > 0
+    # what `graphflow show` predicts local plans by: the contention, cached for the thread
+    # setup of the bench's workers (and of show's, one a core)
+    with single_threaded():
+        assert CostModel.default().contentions == {"digits-lc": wl["ceiling"]["contention"]}
     # the calibration the predictions used: one retimed sample a kernel signature a round
     cal = wl["calibration"]
     assert cal["update_Bps"] > 0 and cal["flop_rates"]["*"] > 0 and cal["kernel_s"]

@@ -301,6 +301,31 @@ def test_default_without_cache_is_builtin(tmp_path, monkeypatch):
     assert cm.measured == {} and cm.link == Link.builtin()
 
 
+def test_local_plans_are_predicted_with_the_contention_the_bench_measured(tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(tmp_path / "cm.json"))
+    with gf.Graph() as g:  # two branches side by side, one a worker
+        a = gf.neg(gf.placeholder("x", (None, 1000)), name="a")
+        gf.neg(gf.neg(a, name="l1"), name="l2")
+        with gf.device("worker:1"):
+            gf.neg(gf.neg(a, name="r1"), name="r2")
+    plan = gf.partition(g, 2, "manual")
+    cm = _model({"a": 1.0, "l1": 2.0, "l2": 2.0, "r1": 3.0, "r2": 3.0}, bandwidth=1e18)
+    alone = plan.predict(1, cm).step_seconds
+    cm.contentions = {"lc-large": 1.5, "speech-mlp": 1.3, "mine": 1.1}
+    cm.save()
+    assert CostModel.default().contention == pytest.approx(1.3)  # the median
+    slower = cm.predict(plan.graph, plan.placement, 1, contention=1.3).step_seconds
+    assert plan.predict(1, cm).step_seconds == pytest.approx(slower) and slower > alone
+    assert plan.predict(1, cm, link=Link(1e18, 0.0)).step_seconds == alone  # other machines
+    assert "slow each other 1.30x" in plan.report(1, cm)
+    # a later run's measure replaces its workload's; the others stay
+    again = CostModel(batch=1)
+    again.contentions = {"mine": 1.2}
+    again.save()
+    assert CostModel.default().contentions == {"lc-large": 1.5, "speech-mlp": 1.3, "mine": 1.2}
+
+
 def test_calibration_smoke_and_cache(tmp_path, monkeypatch):
     path = tmp_path / "cm.json"
     monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(path))

@@ -304,12 +304,12 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
     if updates["update_Bps"]:
         cost.update_Bps = statistics.median(updates["update_Bps"])
         cost.update_shared_Bps = statistics.median(updates["update_shared_Bps"])
-    cost.save()  # (graphflow show and later runs start from these)
     # workers on this machine share its memory and caches: how much slower a step runs beside
     # another, from the ceiling's rounds, slows the time two workers compute at once
     contention = max(1.0, statistics.median(ceiling["together_s"])
                      / statistics.median(ceiling["alone_s"]))
-    ceiling["contention"] = contention
+    ceiling["contention"] = cost.contentions[model.name] = contention
+    cost.save()  # (graphflow show and later runs start from these)
     for i, plan in plans.items():
         if "error" not in points[i]:
             points[i]["predicted_s"] = predict(plan, args.batch, points[i]["microbatches"],
