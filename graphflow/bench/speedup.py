@@ -230,6 +230,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
+def keeps_contention(args: argparse.Namespace) -> bool:
+    """Whether this run's contention is kept for `graphflow show`'s local plans (one process
+    a worker): not from thread workers (which also share one interpreter) nor from --quick's
+    tiny steps (digits-lc at batch 8 in threads measured 2.0)."""
+    return args.mode == "processes" and not args.quick
+
+
 def variants(args: argparse.Namespace) -> list[tuple[str, str, int | str]]:
     """(row label, strategy, micro-batches or "auto"): layerwise also pipelined when asked."""
     out: list[tuple[str, str, int | str]] = [(s, s, 1) for s in args.strategies]
@@ -308,7 +315,9 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
     # another, from the ceiling's rounds, slows the time two workers compute at once
     contention = max(1.0, statistics.median(ceiling["together_s"])
                      / statistics.median(ceiling["alone_s"]))
-    ceiling["contention"] = cost.contentions[model.name] = contention
+    ceiling["contention"] = contention
+    if keeps_contention(args):
+        cost.contentions[model.name] = contention
     cost.save()  # (graphflow show and later runs start from these)
     for i, plan in plans.items():
         if "error" not in points[i]:
