@@ -100,6 +100,11 @@ def kernels(graph: Graph, batch: int) -> dict[str, Node]:
     return out
 
 
+def _fused_updates(graph: Graph) -> set[Node]:
+    from graphflow.runtime.gradients import fused_updates  # (the runtime imports us)
+    return fused_updates(graph)
+
+
 class CostModel:
     """Seconds per node and per transfer, and a step-time simulator.
 
@@ -354,12 +359,12 @@ class CostModel:
         if missing:
             raise KeyError(f"placement has no worker for {len(missing)} nodes, e.g. {missing[:3]}")
         layout = stepsim.Layout.of(graph, {n: placement[n.name] for n in graph.nodes})
-        shared = contention > 1.0  # workers of one machine
-        first, spans = stepsim.simulate(layout, self._costs(batch, link, {}, shared, graph))
+        shared, fused = contention > 1.0, _fused_updates(graph)  # shared: workers of one machine
+        first, spans = stepsim.simulate(layout, self._costs(batch, link, {}, shared, fused))
         if not shared or len(first.busy) < 2:
             return first
         slow = {n: 1.0 + (contention - 1.0) * stepsim.shared_fraction(spans, n) for n in spans}
-        return stepsim.simulate(layout, self._costs(batch, link, slow, shared, graph))[0]
+        return stepsim.simulate(layout, self._costs(batch, link, slow, shared, fused))[0]
 
     def stream_seconds(self, graph: Graph, placement: Mapping[str, int],
                        batch: int | None = None, steps: int = 4) -> float:
@@ -370,20 +375,17 @@ class CostModel:
         batch = batch or self.batch
         layout = stepsim.Layout.of(graph, {n: placement[n.name] for n in graph.nodes})
         start, ends = [0.0] * layout.workers, [0.0]
-        costs = self._costs(batch, self.link, {}, False, graph)
+        costs = self._costs(batch, self.link, {}, False, _fused_updates(graph))
         for _ in range(steps):
             start = stepsim.simulate(layout, costs, starts=start)[0].finish
             ends.append(max(start))
         return ends[-1] - ends[-2]
 
     def _costs(self, batch: int, link: Link, slow: Mapping[Node, float],
-               shared: bool, graph: Graph) -> Costs:
-        """This model's answers to the step simulator (graphflow/stepsim.py) on `graph`; a
-        node's seconds worked out once (a stream of simulated steps asks again each step)."""
-        from graphflow.runtime.gradients import fused_updates  # (the runtime imports us)
-
+               shared: bool, fused: set[Node]) -> Costs:
+        """This model's answers to the step simulator (graphflow/stepsim.py); a node's seconds
+        worked out once (a stream of simulated steps asks again each step)."""
         seconds: dict[Node, float] = {}
-        fused = fused_updates(graph)
 
         def node_seconds(n: Node) -> float:
             if n not in seconds:

@@ -143,7 +143,7 @@ def fused_updates(graph: Graph) -> set[Node]:
     own input. (SGD's update in a matmul's gradient gemm is not counted: the model does not
     know the optimizer.)"""
     users = users_of(graph.toposort())
-    geometry = ("kernel", "stride", "padding")
+    window = ("kernel", "stride", "padding")
     out = set()
     for g in graph.nodes:
         if g.op != "local2d_grad_weight":
@@ -151,7 +151,7 @@ def fused_updates(graph: Graph) -> set[Node]:
         for f in users[g.inputs[0]]:
             w = f.inputs[1] if f.op == "local2d" else None
             if (w is not None and w.op == "parameter" and w.shape == g.shape
-                    and all(f.attrs.get(k) == g.attrs.get(k) for k in geometry)
+                    and all(f.attrs.get(k) == g.attrs.get(k) for k in window)
                     and fusable(g, w, users)):
                 out.add(w)
     return out
