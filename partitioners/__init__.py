@@ -15,7 +15,6 @@ from graphflow.ir import Graph, Node
 from graphflow.partitioners import layerwise, manual, mincut, spatial
 from graphflow.partitioners.plan import Plan, Transfer, WorkerPlan
 from graphflow.partitioners.recompute import recompute_relays
-from graphflow.partitioners.scatter import scatter_sums
 from graphflow.partitioners.split import split
 from graphflow.serialize import graph_from_dict, graph_to_dict
 
@@ -57,9 +56,6 @@ def partition(graph: Graph, parts: int, strategy: str = "spatial", loss: Node | 
         g, placement = PLACING[strategy](g, parts, cost)
     for param, grad in grads.items():  # the update runs where the parameter lives
         placement[grad] = placement[param]
-    if strategy in REWRITING:  # sums of partials read in slices: summed per slice, where read
-        keep = frozenset([*grads.values(), *([loss.name] if loss is not None else [])])
-        placement = scatter_sums(g, placement, keep)
     if strategy in RECOMPUTING:
         placement = recompute_relays(g, placement, cost if isinstance(cost, CostModel) else None)
     plan = split(g, placement, parts, strategy)

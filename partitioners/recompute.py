@@ -30,10 +30,11 @@ from graphflow.ir import SOURCE_OPS, Graph, Node, users_of
 
 COPY = re.compile(r"@w\d+$")
 SHARE = 0.01  # the most a copy may cost, as a share of the predicted step
-# Candidates priced by a simulated step, at most: each costs a simulation of the whole plan, and
-# speech-mlp's spatial plan on 32 / 64 workers priced 340 / ~1500 of them (20 s / 3.5 min),
-# where 2 workers price 5-30. A count, not a time: a plan is the same on every machine.
-MAX_PRICED = 128
+# Plan nodes simulated to price candidates, at most: each candidate costs a simulation of the
+# whole plan, so the bound is in nodes. speech-mlp's spatial plan on 32 workers priced 97 of
+# 6,000 nodes each (57 s) and gained nothing, where 2-4 workers of the reference workloads price
+# 1-4 plans of 80-400 nodes. A count, not a time: a plan is the same on every machine.
+MAX_PRICED_NODES = 50_000
 
 
 def recompute_relays(graph: Graph, placement: Mapping[str, int], cost: CostModel | None = None,
@@ -53,7 +54,7 @@ def recompute_relays(graph: Graph, placement: Mapping[str, int], cost: CostModel
     where = dict(placement)
     best = cost.stream_seconds(graph, where, batch)
     tried: set[tuple[str, int]] = set()
-    priced = [0]  # candidates priced so far (see MAX_PRICED)
+    priced = [0]  # nodes simulated to price candidates so far (see MAX_PRICED_NODES)
     while (step := _copy_one(graph, where, cost, batch, best, tried, priced)) is not None:
         best = step
     _after_originals(graph)
@@ -63,7 +64,7 @@ def recompute_relays(graph: Graph, placement: Mapping[str, int], cost: CostModel
 def _copy_one(graph: Graph, where: dict[str, int], cost: CostModel, batch: int, best: float,
               tried: set[tuple[str, int]], priced: list[int]) -> float | None:
     """Make the first copy not tried yet that keeps the predicted step within `best`; its
-    predicted step, or None when no candidate is left (or MAX_PRICED were priced)."""
+    predicted step, or None when no candidate is left (or MAX_PRICED_NODES would be passed)."""
     order = graph.toposort()
     users = users_of(order)
     late = _late(order, where, cost, batch, SHARE * best)
@@ -73,15 +74,15 @@ def _copy_one(graph: Graph, where: dict[str, int], cost: CostModel, batch: int, 
         if a not in readers:
             continue  # a only relays n: copying it would leave a's work unused
         for b in sorted(readers - {a}):
-            if (n.name, b) in tried or n.op in SOURCE_OPS:
-                continue
+            if (n.name, b) in tried or n.op in SOURCE_OPS or n.op == "concat":
+                continue  # (a gather's route is the strategy's: partitioners/collectives.py)
             tried.add((n.name, b))
             cone = _relay_cone(n, a, where, late, cost, batch, SHARE * best)
             if not cone:
                 continue
-            if priced[0] >= MAX_PRICED:
+            if priced[0] + len(graph.nodes) > MAX_PRICED_NODES:
                 return None
-            priced[0] += 1
+            priced[0] += len(graph.nodes)
             undo = _copy_onto(graph, cone, b, where, users)
             step = cost.stream_seconds(graph, where, batch)
             if step <= best:

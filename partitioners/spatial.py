@@ -11,8 +11,9 @@ forward node runs. Per worker:
 - the ops around it (transposes, elementwise, bias adds) run per block; a bias is split too;
 - dense on row-split features (flatten then matmul): each worker multiplies its own features by
   its rows of W and the partial products are summed (only N x units values cross);
-- dense on whole inputs: split by output units, the input gathered on every worker (this is
-  why fully connected layers scale worse);
+- dense on whole inputs: split by output units, the input gathered on every worker (an
+  all-gather from worker to worker: collectives.py; every worker receives nearly the whole
+  input a layer, which is why fully connected layers scale worse);
 - any other op gathers its inputs on worker 0.
 """
 
@@ -26,6 +27,7 @@ from graphflow.costmodel import CostModel
 from graphflow.dsl import device
 from graphflow.ir import Graph, Node
 from graphflow.ops.registry import apply
+from graphflow.partitioners.collectives import all_gather, gathers
 from graphflow.partitioners.rows import (
     BINARY,
     REPLICATED,
@@ -98,6 +100,7 @@ class _Rewriter:
         self.src, self.out, self.parts = src, out, parts
         self.rows, self.owners = rows, owners
         self.val: dict[Node, Node | Split | Partial | FlatSplit] = {}
+        self.gathered: dict[Node, list[Node]] = {}  # all-gathered: whole on each worker
         self.users: dict[Node, int] = {n: 0 for n in src.nodes}
         for n in src.nodes:
             for x in n.inputs:
@@ -125,6 +128,17 @@ class _Rewriter:
         elif isinstance(v, Split):
             v = self.val[n] = self.gather(v, n.name, worker)
         return v
+
+    def on_every_worker(self, n: Node) -> list[Node]:
+        """The original node `n` whole on each worker: all-gathered if it is in blocks (see
+        collectives.py), else gathered on worker 0 and copied or sent from there."""
+        v = self.val.get(n)
+        if isinstance(v, Split) and gathers(v.workers, self.parts):
+            if n not in self.gathered:
+                self.gathered[n] = all_gather(self.on, v.blocks, v.axis, n.name)
+            return self.gathered[n]
+        x = self.whole(n)
+        return [self.replicate(x, j) if replicable(x) else x for j in range(self.parts)]
 
     def drop_unread(self) -> None:
         """Remove copies of intermediate nodes that nothing reads any more (a whole input
@@ -378,10 +392,9 @@ class _Rewriter:
     def by_units(self, n: Node) -> Split:
         """Dense split by output units: W's columns per worker, the input gathered on all."""
         a, w = n.inputs
-        x = self.whole(a)
         bounds = row_bounds(int(w.shape[1]), self.parts)
         wb = self.block_param(w, w.shape, 1, bounds, [(w.shape[0], hi - lo) for lo, hi in bounds],
                               range(self.parts))
-        blocks = [self.on(j, "matmul", self.replicate(x, j) if replicable(x) else x, wb[j],
-                          name=f"{n.name}/part{j}") for j in range(self.parts)]
+        blocks = [self.on(j, "matmul", x, wb[j], name=f"{n.name}/part{j}")
+                  for j, x in enumerate(self.on_every_worker(a))]
         return Split(1, blocks, bounds)

@@ -94,23 +94,22 @@ def test_other_strategies_keep_their_placement(strategy):
     assert all(n.name == original_name(n.name) for n in plan.graph)
 
 
-def test_the_search_prices_a_bounded_number_of_candidates(monkeypatch):
+def test_the_search_simulates_a_bounded_number_of_plan_nodes(monkeypatch):
     import graphflow.partitioners.recompute as recompute
 
-    priced = []
+    priced = []  # nodes of each plan simulated: the step without copies, then each candidate
     real = CostModel.stream_seconds
 
-    def counting(self, *args, **kwargs):
-        priced.append(1)
-        return real(self, *args, **kwargs)
+    def counting(self, graph, *args, **kwargs):
+        priced.append(len(graph.nodes))
+        return real(self, graph, *args, **kwargs)
     monkeypatch.setattr(CostModel, "stream_seconds", counting)
-    m = gf.models.speech_mlp(batch=None)
-    copies = [sum(n.name != original_name(n.name) for n in
-                  partition(m.graph, 8, "spatial", loss=m.loss).graph)]
-    unbounded = len(priced)
-    assert unbounded > 6  # the step without copies, then one per candidate priced
+    m = gf.models.lc_large(batch=None)
+    partition(m.graph, 8, "spatial", loss=m.loss)
+    unbounded = list(priced)
+    assert len(unbounded) > 4
     priced.clear()
-    monkeypatch.setattr(recompute, "MAX_PRICED", 5)
-    plan = partition(m.graph, 8, "spatial", loss=m.loss)
-    assert len(priced) == 1 + 5
-    assert 0 < sum(n.name != original_name(n.name) for n in plan.graph) < copies[0]
+    monkeypatch.setattr(recompute, "MAX_PRICED_NODES", 3 * unbounded[0] + 10)
+    partition(m.graph, 8, "spatial", loss=m.loss)
+    assert 2 < len(priced) < len(unbounded)
+    assert sum(priced[1:]) <= recompute.MAX_PRICED_NODES < sum(unbounded[1:])

@@ -2,9 +2,9 @@
 
 Layers collapse by name scope (`lc1/W`, `lc1/local2d` -> `lc1`); an unscoped op is a layer of
 its own (`relu`, `loss`). The spatial partitioner's pieces (`lc1/local2d/part3`,
-`lc2/local2d/rows1to0`, `lc1/local2d/in1to2`, `fc/matmul/sum2`) and the backward pass
-(`grad/<forward name>/...`) belong to the layer of the node they were made from, so every
-strategy shows the same layers.
+`lc2/local2d/rows1to0`, `lc1/local2d/in1to2`, `fc/matmul/sum2`, `sigmoid/gathered4/on3`) and
+the backward pass (`grad/<forward name>/...`) belong to the layer of the node they were made
+from, so every strategy shows the same layers.
 
 >>> forward = {"lc2/local2d/in2", "relu/part0"}
 >>> layer_of("grad/lc2/local2d/in2/slice", forward), layer_of("relu/part0", forward)
@@ -20,7 +20,7 @@ from graphflow.partitioners.recompute import original_name
 
 GRAD = "grad/"
 # Suffixes the spatial partitioner appends to the node it splits (see partitioners/spatial.py).
-_PIECE = re.compile(r"/(?:(?:part|in|pad|sum|on)\d+|(?:rows|in)\d+to\d+(?:on\d+)?|gathered)$")
+_PIECE = re.compile(r"/(?:(?:part|in|pad|sum|on)\d+|(?:rows|in)\d+to\d+(?:on\d+)?|gathered\d*)$")
 
 
 def is_backward(name: str) -> bool:
