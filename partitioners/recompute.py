@@ -31,9 +31,10 @@ from graphflow.ir import SOURCE_OPS, Graph, Node, users_of
 COPY = re.compile(r"@w\d+$")
 SHARE = 0.01  # the most a copy may cost, as a share of the predicted step
 # Plan nodes simulated to price candidates, at most: each candidate costs a simulation of the
-# whole plan, so the bound is in nodes. speech-mlp's spatial plan on 32 workers priced 97 of
-# 6,000 nodes each (57 s) and gained nothing, where 2-4 workers of the reference workloads price
-# 1-4 plans of 80-400 nodes. A count, not a time: a plan is the same on every machine.
+# whole plan, so the bound is in nodes. speech-mlp's spatial plan on 32 workers priced 97
+# candidates of 5,500 nodes each (57 s) and gained nothing; 2-4 workers of the reference
+# workloads price 1-4 plans of 80-400 nodes. A count, not a time: a plan is the same on every
+# machine.
 MAX_PRICED_NODES = 50_000
 
 
