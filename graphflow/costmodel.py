@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,13 @@ import numpy as np
 
 from graphflow import stepsim
 from graphflow.ir import SOURCE_OPS, Graph, Node
+from graphflow.link import Link
 from graphflow.ops.registry import REGISTRY, concrete, node_cost
 from graphflow.stepsim import LOCAL_OPS, Costs, Prediction, Transfer
 from graphflow.timing import (
     UPDATE_PASSES,
     cache_path,
     fingerprint,
-    ping_pong,
     read_cache,
     time_dispatch,
     time_messages,
@@ -46,31 +45,6 @@ BUILTIN = {"flop_rates": {"*": 60e9}, "bandwidth_Bps": 5e9, "overhead_s": 2e-6,
 
 
 RATE_MIN = 10  # a kernel shows its rate once it runs this many times the per-kernel overhead
-
-
-@dataclass(frozen=True)
-class Link:
-    """A point-to-point link: seconds(n) = latency + n / bandwidth.
-
-    >>> Link(1e9, 1e-4).seconds(1_000_000)
-    0.0011
-    """
-
-    bandwidth_Bps: float
-    latency_s: float
-
-    def seconds(self, nbytes: float) -> float:
-        return self.latency_s + nbytes / self.bandwidth_Bps
-
-    @classmethod
-    def ten_gigabit(cls) -> Link:
-        """A 10 Gbit/s network: 1.25 GB/s, 100 us latency."""
-        return cls(1.25e9, 100e-6)
-
-    @classmethod
-    def builtin(cls) -> Link:
-        """The conservative local default: 1.2 GB/s, 300 us (loopback ZeroMQ, design.md)."""
-        return cls(1.2e9, 300e-6)
 
 
 def tensor_bytes(node: Node, batch: int) -> int:
@@ -233,18 +207,17 @@ class CostModel:
         self._fit()
 
     def link_measured(self) -> bool:
-        """Whether the link and a message's CPU are this machine's, not the built-in guesses."""
-        return self.link != Link.builtin() and self.message_cpu_s != BUILTIN["message_cpu_s"]
+        """Whether the link and a message's CPU are this machine's, not the built-in guesses
+        (nor a link measured before its bytes were the sender's copy: not `shared`)."""
+        return self.link.shared and self.message_cpu_s != BUILTIN["message_cpu_s"]
 
     def calibrate_link(self, repeats: int = 5) -> Link:
-        """Measure the local transport: a message's CPU at each end and a small tensor's hop
-        between two worker processes in running steps (`timing.time_messages`: the hop is the
-        link's latency), and the bandwidth from a 1 KB and a 4 MB ping-pong over the Endpoint
-        (ipc); store them, return Link(bandwidth, latency)."""
-        small, large = 1024, 4 << 20
-        t_small, t_large = ping_pong(small, repeats), ping_pong(large, repeats)
-        self.message_cpu_s, hop = time_messages(repeats)
-        self.link = Link((large - small) / max(t_large - t_small, 1e-9), hop)
+        """Measure the local transport between two worker processes in running steps
+        (`timing.time_messages`): a message's CPU at each end, a small tensor's hop (the
+        link's latency) and the rate a large one's hop adds its bytes at (the sender's copy
+        into shared memory: a shared Link); store them, return the link."""
+        self.message_cpu_s, hop, copy_Bps = time_messages(repeats)
+        self.link = Link(copy_Bps, hop, shared=True)
         return self.link
 
     def save(self, path: Path | None = None) -> Path:
@@ -264,7 +237,7 @@ class CostModel:
             "dispatch_s": self.dispatch_s, "update_call_s": self.update_call_s,
             "message_cpu_s": self.message_cpu_s,
             "contentions": {**before.get("contentions", {}), **self.contentions},
-            "link": [self.link.bandwidth_Bps, self.link.latency_s]}
+            "link": [self.link.bandwidth_Bps, self.link.latency_s, self.link.shared]}
         write_cache(path, data)
         return path
 
@@ -397,4 +370,5 @@ class CostModel:
             nbytes=lambda n: tensor_bytes(n, batch), transfer_seconds=link.seconds,
             updates=self.concurrent_updates if shared else lambda _, alone: alone,
             update_seconds=lambda p: self.update_seconds(p, fused=p in fused),
-            message_cpu=self.message_cpu_s, latency=link.latency_s)
+            message_cpu=self.message_cpu_s, latency=link.latency_s,
+            copy_seconds=link.copy_seconds)

@@ -8,8 +8,9 @@ another on its link (their latencies overlap), and those reaching one worker com
 another on its link. Each message also costs both ends' cores `message_cpu` (the transport's
 threads: framing, zmq's I/O, the hand-over to the computing thread): the sender's right after
 the node, the receiver's as a task of its own (a receipt) that comes first once the tensor is
-nearly there, ending as it arrives if the worker is free. Last, each worker updates its
-parameters.
+nearly there, ending as it arrives if the worker is free. Between processes of one machine
+the sender's core also copies the bytes into shared memory before the message goes. Last,
+each worker updates its parameters.
 
 Running nodes in plain topological order instead put, in speech-mlp's mincut plan, the output
 layer's weight gradient (a third of that worker's step) before the gradient the other worker
@@ -91,6 +92,8 @@ class Costs:
     update_seconds: Callable[[Node], float]
     message_cpu: float = 0.0
     latency: float = 0.0  # of transfer_seconds: sends in a row overlap theirs
+    # of transfer_seconds, the sender's CPU moving the bytes (a shared link's: link.py)
+    copy_seconds: Callable[[int], float] = lambda nbytes: 0.0
 
 
 @dataclass(frozen=True)
@@ -147,19 +150,23 @@ def simulate(layout: Layout, costs: Costs, starts: Sequence[float] | None = None
         ready[n, w] = end
         if dests[n]:
             nbytes = costs.nbytes(n)
-            seconds = costs.transfer_seconds(nbytes)
+            copy = costs.copy_seconds(nbytes)
+            # (latencies of sends in a row overlap)
+            wire = max(costs.transfer_seconds(nbytes) - costs.latency - copy, 0.0)
+        copied = end
         for d in dests[n]:
-            start = max(end, link_free[w])
-            wire = max(seconds - costs.latency, 0.0)  # (latencies of sends in a row overlap)
+            copied += copy  # (the sender copies one message after another)
+            start = max(copied, link_free[w])
             link_free[w] = start + wire
             arrives = inboxes[d].take(start + costs.latency, wire)
             bytes_out[w] += nbytes
             bytes_in[d] += nbytes
             transfers.append(Transfer(n.name, w, d, nbytes, start, arrives - start))
-            if cpu > 0:
-                free[w] += cpu  # (its node has just been placed: it ends at free[w])
-                busy[w] += cpu
+            if cpu + copy > 0:
+                free[w] += cpu + copy  # (its node has just been placed: it ends at free[w])
+                busy[w] += cpu + copy
                 agenda.moved(w)
+            if cpu > 0:
                 due = max(arrives - cpu, start)
                 agenda.push(d, due, (-1, due, position[n]), Receipt(n, due + cpu))
             else:

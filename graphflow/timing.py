@@ -1,7 +1,7 @@
 """How the cost model measures this machine: kernels timed on random inputs, the optimizer's
-update rate, a ZeroMQ ping-pong for the link's bandwidth, messages between two worker processes
-for their CPU and latency, and the cache that keeps the results per machine, thread setup and
-kernel code (`fingerprint`).
+update rate, messages between two worker processes for their CPU, latency and the rate their
+bytes move at, and the cache that keeps the results per machine, thread setup and kernel code
+(`fingerprint`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import os
 import platform
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -180,59 +179,41 @@ def read_cache(path: Path) -> dict[str, Any]:
         return {}
 
 
-def ping_pong(nbytes: int, rounds: int, timeout: float = 5.0) -> float:
-    """Median one-way seconds of an nbytes tensor between two threads over the transport
-    (graphflow.transport.Endpoint on ipc: the frames, checks and copies a step pays)."""
-    from graphflow.transport.endpoint import Endpoint  # the transport imports zmq
-
-    payload, times = np.zeros(nbytes, np.uint8), []
-    with tempfile.TemporaryDirectory() as d, \
-            Endpoint("a", f"ipc://{d}/a", timeout=timeout) as a, \
-            Endpoint("b", f"ipc://{d}/b", timeout=timeout) as b:
-        a.connect("b", b.address)
-        b.connect("a", a.address)
-
-        def echo() -> None:
-            for i in range(rounds + 1):
-                got = b.recv_any(timeout)
-                if got is None:
-                    return
-                b.send("a", "pong", got[1], step=i)
-
-        thread = threading.Thread(target=echo, daemon=True)
-        thread.start()
-        for i in range(rounds + 1):
-            t0 = time.perf_counter()
-            a.send("b", "ping", payload, step=i)
-            if a.recv_any(timeout) is None:
-                raise TimeoutError(f"link calibration: no echo of a {nbytes} B tensor within "
-                                   f"{timeout:g} s")
-            times.append((time.perf_counter() - t0) / 2)
-        thread.join(timeout)
-    return statistics.median(times[1:])
+# A hop's bytes are timed on a tensor this large: the reference workloads' larger messages
+# (lc-large's halos, speech-mlp's activations) are 0.3-1 MB.
+HOP_BYTES = 1 << 20
 
 
-def time_messages(repeats: int, links: int = 40, hops: int = 40) -> tuple[float, float]:
+def time_messages(repeats: int, links: int = 40, hops: int = 40) -> tuple[float, float, float]:
     """(CPU seconds each end spends on a message, seconds a small tensor takes from one worker
-    to the next) in running steps of two local worker processes, as a cluster runs them.
+    to the next, bytes per second a large tensor's hop adds) in running steps of two local
+    worker processes, as a cluster runs them.
 
     CPU: each worker negates a 64 x 128 tensor `links` times and sends each result to the
     other, which negates and sums what it gets; the steps' extra time over the same graph with
     the sums kept at home is that of 2 x `links` ends on each worker. Little compute beside the
     messages: a freshly started cluster at times computes 8-30% slower throughout.
-    Hop: a chain of `hops` one-element negations alternating between the workers, over the
-    same chain on one worker, per hop. (An idle ping-pong shows a message's CPU alike, 20-35
-    us here, but a hop of 42-54 us, against 80-127 in running steps.)"""
+    Hop: a chain of `hops` negations alternating between the workers, over the same chain on
+    one worker, per hop: of one element (an idle ping-pong shows a message's CPU alike, 20-35
+    us here, but a hop of 42-54 us, against 80-127 in running steps), and of `HOP_BYTES`, whose
+    bytes the sender copies into shared memory: 13.8 GB/s for 1 MB here, 6.9 for 4 MB, where a
+    ping-pong of one buffer, hot in cache, had said 14-24."""
     def median_step(graph: Graph, fetch: list[str], feeds: dict[str, np.ndarray]) -> float:
         return _median_run(graph, 2, "processes", feeds, fetch, runs=10 * max(repeats, 1),
                            warmup=3, pin=True)
 
+    def per_hop(shape: tuple[int, ...], count: int) -> float:
+        x = {"x": np.ones(shape, np.float32)}
+        local, alternating = (median_step(*_chain(count, alternate, shape), x)
+                              for alternate in (False, True))
+        return max(alternating - local, 0.0) / count
+
     small = {f"x{w}": np.ones((64, 128), np.float32) for w in (0, 1)}
     home, away = (median_step(*_exchange(links, cross), small) for cross in (False, True))
-    one = {"x": np.ones(1, np.float32)}
-    local, alternating = (median_step(*_chain(hops, alternate), one)
-                          for alternate in (False, True))
-    return max(away - home, 0.0) / (2 * links), max(alternating - local, 0.0) / hops
+    hop = per_hop((1,), hops)
+    big = per_hop((HOP_BYTES // 4,), hops // 2)
+    return (max(away - home, 0.0) / (2 * links), hop,
+            HOP_BYTES / max(big - hop, HOP_BYTES / 100e9))  # (noise: at most 100 GB/s)
 
 
 def _median_run(graph: Graph, parts: int, mode: str, feeds: dict[str, np.ndarray],
@@ -275,14 +256,14 @@ def _exchange(links: int, cross: bool) -> tuple[Graph, list[str]]:
     return g, [t.name for t in sums if t is not None]
 
 
-def _chain(hops: int, alternate: bool) -> tuple[Graph, list[str]]:
-    """`time_messages`' chain of one-element negations, alternating between two workers or
-    all on worker 0 (worker 1 negates the input once); and what to fetch."""
+def _chain(hops: int, alternate: bool, shape: tuple[int, ...]) -> tuple[Graph, list[str]]:
+    """`time_messages`' chain of negations of a `shape` tensor, alternating between two
+    workers or all on worker 0 (worker 1 negates the input once); and what to fetch."""
     from graphflow.dsl import device, placeholder
     from graphflow.ops.elementwise import neg
 
     with Graph() as g:
-        x = placeholder("x", (1,))
+        x = placeholder("x", shape)
         with device("worker:1"):
             other = neg(x)
         h = x

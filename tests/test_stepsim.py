@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import graphflow as gf
-from graphflow.costmodel import CostModel
+from graphflow.costmodel import CostModel, Link
 from tests.simgraphs import ROW, chain_graph, fork_graph, timed_model
 
 
@@ -68,6 +68,28 @@ def test_a_message_costs_both_ends_cpu_without_delaying_an_idle_receiver():
     cm.message_cpu_s = 0.7
     assert cm.predict(g, {"x": 0, "a": 0, "b": 1, "c": 1}).step_seconds == \
         pytest.approx(1.0 + 0.7 + 2.0 + 4.0)
+
+
+def test_on_a_shared_link_the_sender_copies_the_bytes_before_its_next_node():
+    # a (1 s) on worker 0 is read by b on worker 1 and by c on worker 0: copying a's tensor
+    # (one ROW at ROW bytes/s: 1 s) holds worker 0 before c, and the tensor leaves copied
+    with gf.Graph() as g:
+        x = gf.placeholder("x", (None, 1000))
+        a = gf.neg(x, name="a")
+        gf.neg(a, name="b")
+        gf.neg(a, name="c")
+    placement = {"x": 0, "a": 0, "b": 1, "c": 0}
+    times = {"a": 1.0, "b": 2.0, "c": 4.0}
+    p = CostModel(times=times, link=Link(ROW, 0.5, shared=True), batch=1,
+                  message_cpu_s=0.0).predict(g, placement)
+    assert p.busy == [pytest.approx(1.0 + 1.0 + 4.0), pytest.approx(2.0)]
+    assert p.step_seconds == pytest.approx(6.0)
+    (t,) = p.transfers
+    assert t.start == pytest.approx(2.0) and t.seconds == pytest.approx(0.5)  # latency alone
+    # the same link between machines: the bytes are on the wire, the sender goes on at once
+    p = timed_model(times, latency=0.5).predict(g, placement)
+    assert p.busy == [pytest.approx(5.0), pytest.approx(2.0)]
+    assert p.transfers[0].seconds == pytest.approx(1.5)
 
 
 def test_a_busy_receiver_pays_for_a_message_before_the_next_node_on_it():
