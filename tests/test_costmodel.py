@@ -22,6 +22,13 @@ def test_link_presets_and_transfer_seconds():
     cm = CostModel.builtin()
     assert cm.transfer_seconds(1.2e9) == pytest.approx(1.0 + 300e-6)
     assert cm.transfer_seconds(1.25e9, ten) == pytest.approx(1.0001)
+    # a cached link measured before its bytes were the sender's copy is measured again
+    assert not cm.link_measured()
+    cm.message_cpu_s = 20e-6
+    cm.link = Link(24e9, 80e-6)
+    assert not cm.link_measured()
+    cm.link = Link(12e9, 80e-6, shared=True)
+    assert cm.link_measured()
 
 
 def test_fallback_estimate_uses_flops_and_bytes():

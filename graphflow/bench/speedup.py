@@ -351,7 +351,7 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
     return {"points": [one, *points], "ceiling": ceiling, "predicted": predicted,
             "curve_link": "Link.ten_gigabit(): 1.25 GB/s, 100 us",
             "local_link": {"bandwidth_Bps": cost.link.bandwidth_Bps,
-                           "latency_s": cost.link.latency_s},
+                           "latency_s": cost.link.latency_s, "shared": cost.link.shared},
             # what the predictions rest on, to tell a slow calibration from a wrong model
             "calibration": {"update_Bps": cost.update_Bps,
                             "update_shared_Bps": cost.update_shared_Bps,
