@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -64,6 +66,26 @@ def test_a_slot_is_reused_only_after_every_view_of_it_is_gone(pair):
     assert a._rings["b"].busy() == 0
     a.send("b", "k", np.full(BIG, 3.0, np.float32), step=2)
     assert len(a._rings["b"]._slots) == 2 and b.recv("k", "a")[0] == 3.0
+
+
+def test_a_sender_that_closes_first_leaves_its_last_tensor_to_be_opened(tmp_path):
+    # the receiver takes the tensor only after the sender has closed: its slot file waits for
+    # it (within the sender's linger), where it had been unlinked at once
+    before = ours()
+    with Endpoint("b", f"ipc://{tmp_path}/b", timeout=5.0) as b:
+        a = Endpoint("a", f"ipc://{tmp_path}/a", timeout=5.0, linger=2.0)
+        a.connect("b", b.address)
+        x = np.arange(BIG, dtype=np.float32)
+        a.send("b", "last", x, step=0)
+        got = []
+        late = threading.Timer(0.2, lambda: got.append(b.recv("last", "a", step=0).copy()))
+        late.start()
+        t0 = time.monotonic()
+        a.close()
+        late.join()
+        assert 0.1 < time.monotonic() - t0 < 2.0  # it waited for the receiver, not the linger
+        np.testing.assert_array_equal(got[0], x)
+    assert ours() == before
 
 
 def test_a_full_ring_falls_back_to_the_socket(pair):

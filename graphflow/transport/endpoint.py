@@ -340,7 +340,7 @@ class Endpoint:
             sock.close()
         self._push.clear()
         for ring in self._rings.values():
-            ring.close()
+            ring.close(self._linger_ms / 1000)
         self._rings.clear()
         if not self._pull.closed:
             self._pull.close()

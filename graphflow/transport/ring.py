@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 import re
 import threading
+import time
 import uuid
 import weakref
 from typing import Any
@@ -29,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from graphflow.transport.frames import FrameError, array_nbytes, describe
-from graphflow.transport.shared import create_ours, map_ours, unlink_ours
+from graphflow.transport.shared import SHARED_DIR, create_ours, map_ours, unlink_ours
 
 RING_MIN_BYTES = 64 * 1024     # smaller tensors ride in the message (cheaper than a slot)
 MAX_SLOTS = 64                 # slots per peer
@@ -79,8 +81,17 @@ class SendRing:
         """How many slots a receiver still holds."""
         return int(np.count_nonzero(self.flags[:len(self._slots)]))
 
-    def close(self) -> None:
-        """Unlink the files the receiver has not (idempotent); the mappings last while used."""
+    def close(self, linger: float = 0.0) -> None:
+        """Unlink the files the receiver has not (idempotent); the mappings last while used.
+        A busy slot whose file is still there is a tensor on its way that the receiver has not
+        opened yet (it unlinks a file once mapped): up to `linger` seconds are given to it, as
+        ZeroMQ gives its queued messages. Unlinked at once, a peer's last tensors of an
+        all-reduce were lost now and then when the sender finished first."""
+        deadline = time.monotonic() + linger
+        while time.monotonic() < deadline and any(
+                self.flags[i] and os.path.exists(f"{SHARED_DIR}/{self.prefix}{i}")
+                for i in range(len(self._slots))):
+            time.sleep(0.001)
         for name in ["flags", *map(str, range(len(self._slots)))]:
             unlink_ours(self.prefix + name)
 
