@@ -12,6 +12,7 @@ from graphflow.ops import (  # noqa: F401  (importing a family registers its ops
     reduce,
     shape,
     source,
+    split_loss,
 )
 from graphflow.ops.registry import REGISTRY, Cost, OpDef, Spec, apply, register
 

@@ -13,20 +13,21 @@ forward node runs. Per worker:
   its rows of W and the partial products are summed (only N x units values cross);
 - dense on whole inputs: split by output units, the input gathered on every worker (an
   all-gather from worker to worker: collectives.py; every worker receives nearly the whole
-  input a layer, which is why fully connected layers scale worse);
+  input a layer, which is why fully connected layers scale worse); a softmax cross-entropy
+  of logits so split is made from each block's statistics (ops/split_loss.py);
 - any other op gathers its inputs on worker 0.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from graphflow.costmodel import CostModel
 from graphflow.dsl import device
 from graphflow.ir import Graph, Node
 from graphflow.ops.registry import apply
+from graphflow.partitioners.blocks import FlatSplit, Partial, Split
 from graphflow.partitioners.collectives import all_gather, gathers
 from graphflow.partitioners.rows import (
     BINARY,
@@ -41,35 +42,6 @@ from graphflow.partitioners.rows import (
 )
 
 __all__ = ["balanced_rows", "halo_first", "place", "worker_index"]
-
-
-@dataclass
-class Split:
-    """A tensor held as blocks along `axis`: block j, rows bounds[j], lives on workers[j]
-    (worker j unless a worker holds several blocks: see `halo_first`)."""
-
-    axis: int
-    blocks: list[Node]
-    bounds: list[tuple[int, int]]
-    workers: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.workers = self.workers or list(range(len(self.blocks)))
-
-
-@dataclass
-class Partial:
-    """A tensor that is the sum of per-worker partial results (block j on worker j)."""
-
-    blocks: list[Node]
-
-
-@dataclass
-class FlatSplit:
-    """flatten(x) of a row-split x: kept lazy so a following matmul can contract per block."""
-
-    source: Split
-    shape: tuple[int, ...]  # x's shape without the batch dim
 
 
 def place(graph: Graph, parts: int,
@@ -177,6 +149,8 @@ class _Rewriter:
             self.val[n] = self.windowed(n)
         elif n.op == "matmul" and self.parts > 1 and self._splittable_matmul(n):
             self.val[n] = self.matmul(n)
+        elif n.op == "softmax_cross_entropy" and self._split_by_classes(n.inputs[0]):
+            self.val[n] = self.split_xent(n)
         elif any(isinstance(v, Split) for v in vals) and self._blockwise(n):
             self.val[n] = self.blockwise(n)
         elif n.op == "flatten" and isinstance(vals[0], Split) and vals[0].axis >= 1:
@@ -388,6 +362,20 @@ class _Rewriter:
                       for j, b in enumerate(v.source.blocks)]
             return Partial(blocks)
         return self.by_units(n)
+
+    def _split_by_classes(self, logits: Node) -> bool:
+        v = self.val.get(logits)
+        return isinstance(v, Split) and v.axis == 1 and len(v.blocks) > 1
+
+    def split_xent(self, n: Node) -> Node:
+        """The loss of logits in blocks of classes from each block's statistics, made where
+        the block is (ops/split_loss.py): no block of logits crosses."""
+        logits, labels = n.inputs
+        v, ys = self.val[logits], self.on_every_worker(labels)
+        stats = [self.on(w, "xent_block", b, ys[w], name=f"{n.name}/part{j}", lo=lo,
+                         classes=int(logits.shape[1]))
+                 for j, (b, (lo, _), w) in enumerate(zip(v.blocks, v.bounds, v.workers))]
+        return self.on(0, "xent_combine", *stats, name=n.name)
 
     def by_units(self, n: Node) -> Split:
         """Dense split by output units: W's columns per worker, the input gathered on all."""
