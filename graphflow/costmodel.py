@@ -156,11 +156,7 @@ class CostModel:
         >>> cm = CostModel.calibrate(gf.models.digits_lc().graph, batch=8)  # doctest: +SKIP
         """
         model = cls.builtin(batch) if refresh else cls.default(batch)
-        todo = {sig: n for sig, n in kernels(graph, batch).items() if sig not in model.measured}
-        for sig, seconds in time_nodes(todo, batch, repeats).items():
-            flops, read, written = node_cost(todo[sig], batch)
-            model.measured[sig] = [seconds, op_family(todo[sig].op), flops, read + written]
-        model._fit()
+        model.time_missing(graph, batch, repeats)
         if refresh or model.update_Bps == BUILTIN["update_Bps"]:
             model.update_Bps = time_update(repeats)
         if refresh or model.update_shared_Bps == BUILTIN["update_shared_Bps"]:
@@ -195,6 +191,15 @@ class CostModel:
             for graph in graphs:
                 model = cls.calibrate(graph, batch, repeats)
         return model
+
+    def time_missing(self, graph: Graph, batch: int, repeats: int = 3) -> int:
+        """Time here the kernels of `graph` this model has no time for; refit; how many."""
+        todo = {sig: n for sig, n in kernels(graph, batch).items() if sig not in self.measured}
+        for sig, seconds in time_nodes(todo, batch, repeats).items():
+            flops, read, written = node_cost(todo[sig], batch)
+            self.measured[sig] = [seconds, op_family(todo[sig].op), flops, read + written]
+        self._fit()
+        return len(todo)
 
     def use_times(self, samples: Mapping[str, Sequence[float]]) -> None:
         """Take the median of each measured signature's samples as its time; refit. (A

@@ -300,3 +300,17 @@ def test_a_pipelined_step_is_predicted_as_a_stream_runs_it(monkeypatch):
     monkeypatch.setattr(prediction, "STREAMED", 1)
     alone = predict(plan, 64, 2, 1, cost=cost, schedule="eager")
     assert streamed < 0.95 * alone
+
+
+def test_the_curve_times_its_plans_kernels_single_threaded_first():
+    import argparse
+
+    from graphflow.costmodel import kernels
+
+    m = digits_lc(batch=None)
+    cost = CostModel()  # nothing timed: every kernel of the curve's plans is missing
+    args = argparse.Namespace(machines=[1, 4], batch=8, repeats=1, schedule="eager")
+    curve = prediction.predict_curve(m, "spatial", 1, args, cost)
+    assert [p["workers"] for p in curve] == [1, 4] and all("predicted_s" in p for p in curve)
+    four = partition(m.graph, 4, "spatial", loss=m.loss, cost=cost)
+    assert set(kernels(four.graph, 8)) <= set(cost.measured)
