@@ -218,9 +218,9 @@ def predict_curve(model: Model, strategy: str, microbatches: int, args: argparse
                   cost: CostModel) -> list[dict[str, Any]]:
     """Predicted step time and speedup on 1..64 machines over a 10 Gbit/s network. Kernels of
     the plans that `cost` has no time for (a spatial plan's smaller blocks) are timed here
-    first, single-threaded as a benchmark's workers run, and the plan made again by them:
-    estimated from FLOPs instead, they moved lc-large's curve on 4 machines from 3.3x to 2.8x
-    after the kernels' code changed."""
+    first, single-threaded as a benchmark's workers run, and the plan made again by them
+    (else they were priced by whatever the cache held: FLOP estimates for shapes never
+    timed, the fastest time of many runs for others)."""
     link, curve = Link.ten_gigabit(), []
     one = None
     for n in args.machines:
