@@ -20,6 +20,7 @@ from graphflow.ir import Node, Shape
 from graphflow.ops.registry import (
     INT_DTYPES,
     Cost,
+    CostFn,
     Spec,
     apply,
     elementwise_cost,
@@ -141,7 +142,7 @@ def _infer_softmax(ins: Sequence[Spec], attrs: dict[str, Any]) -> Spec:
     return Spec(x.shape, same_float_dtype(ins))
 
 
-def _check_logits_labels(logits: Spec, labels: Spec) -> None:
+def check_logits_labels(logits: Spec, labels: Spec) -> None:
     expect_ndim(logits, 2, "logits", "(N, K)")
     if labels.dtype not in INT_DTYPES:
         raise DTypeError(f"labels dtype is {labels.dtype}, expected int32 or int64 class indices")
@@ -152,7 +153,7 @@ def _check_logits_labels(logits: Spec, labels: Spec) -> None:
 
 
 def _infer_xent(ins: Sequence[Spec], attrs: dict[str, Any]) -> Spec:
-    _check_logits_labels(ins[0], ins[1])
+    check_logits_labels(ins[0], ins[1])
     return Spec((), same_float_dtype(ins[:1]))
 
 
@@ -163,7 +164,7 @@ def _check_scalar(spec: Spec, what: str) -> None:
 
 def _infer_xent_grad(ins: Sequence[Spec], attrs: dict[str, Any]) -> Spec:
     logits, labels, dloss = ins
-    _check_logits_labels(logits, labels)
+    check_logits_labels(logits, labels)
     _check_scalar(dloss, "dloss")
     return Spec(logits.shape, same_float_dtype([logits, dloss]))
 
@@ -205,9 +206,10 @@ def _softmax_grad_forward(log: bool):  # noqa: ANN202 - a kernel wrapper factory
     return forward
 
 
-def check_labels(logits: np.ndarray, labels: np.ndarray) -> None:
-    """Raise ValueError naming the first row whose label is not a class index in [0, K)."""
-    n, k = logits.shape
+def check_labels(logits: np.ndarray, labels: np.ndarray, classes: int | None = None) -> None:
+    """Raise ValueError naming the first row whose label is not a class index in [0, K) (K:
+    `classes`, else the logits' columns)."""
+    n, k = logits.shape[0], classes or logits.shape[1]
     if labels.shape != (n,):
         raise ValueError(f"labels have shape {labels.shape}, expected ({n},) to match logits "
                          f"{logits.shape}")
@@ -275,8 +277,9 @@ def _mse_grad(node: Node, dy: Node, wants: tuple[bool, ...]) -> Grads:
     return [g if wants[0] else None, apply("neg", g) if wants[1] else None]
 
 
-def _input_cost(flops_per_element: float):  # noqa: ANN202 - a cost function factory
-    """Cost proportional to the first input's size (the losses' outputs are scalars)."""
+def input_cost(flops_per_element: float) -> CostFn:
+    """Cost proportional to the first input's size, reading every input (a loss's output is a
+    scalar; ops/split_loss.py's are a few numbers a row)."""
     def cost(ins: Sequence[tuple[int, ...]], out: tuple[int, ...], attrs: dict[str, Any],
              itemsize: int) -> Cost:
         n = prod(ins[0])
@@ -294,15 +297,15 @@ register("softmax_grad", _infer_softmax, _softmax_grad_forward(False), None, ele
 register("log_softmax_grad", _infer_softmax, _softmax_grad_forward(True), None,
          elementwise_cost(13),
          doc="dy - exp(y) * sum(dy) over the last axis (inputs y = log_softmax output, dy)")
-register("softmax_cross_entropy", _infer_xent, _xent_forward, _xent_grad, _input_cost(13),
+register("softmax_cross_entropy", _infer_xent, _xent_forward, _xent_grad, input_cost(13),
          doc="mean over rows of -log_softmax(logits)[i, labels[i]] (inputs logits (N, K), "
              "int labels (N,); output a scalar)")
 register("softmax_cross_entropy_grad", _infer_xent_grad, _xent_grad_forward, None,
-         _input_cost(14), doc="(softmax(logits) - onehot(labels)) * dloss / N "
+         input_cost(14), doc="(softmax(logits) - onehot(labels)) * dloss / N "
                               "(inputs logits, labels, dloss)")
-register("mse", _infer_mse, _mse_forward, _mse_grad, _input_cost(3),
+register("mse", _infer_mse, _mse_forward, _mse_grad, input_cost(3),
          doc="mean of (pred - target)^2 over all elements (a scalar)")
-register("mse_grad", _infer_mse, _mse_grad_forward, None, _input_cost(3),
+register("mse_grad", _infer_mse, _mse_grad_forward, None, input_cost(3),
          doc="2 * (pred - target) * dloss / size (inputs pred, target, dloss)")
 
 

@@ -14,15 +14,15 @@ row's loss is M + log S - z. Its gradient sends each block back (N, 3) numbers, 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from math import prod
 from typing import Any
 
 import numpy as np
 from numba import njit
 
-from graphflow.errors import DTypeError, ShapeError
+from graphflow.errors import ShapeError
 from graphflow.ir import Node, Shape
-from graphflow.ops.registry import INT_DTYPES, Cost, Spec, apply, expect_ndim, fmt, register
+from graphflow.ops.loss import check_labels, check_logits_labels, input_cost
+from graphflow.ops.registry import Spec, apply, fmt, register
 
 STATS = 3  # per row: max, sum of exp(logit - max), the label's logit
 
@@ -64,17 +64,9 @@ def _block_grad_kernel(x: np.ndarray, labels: np.ndarray, lo: int, stats: np.nda
 
 # -- forwards ----------------------------------------------------------------------------------
 
-def _check_labels(labels: np.ndarray, classes: int) -> None:
-    bad = np.flatnonzero((labels < 0) | (labels >= classes))
-    if bad.size:
-        row = int(bad[0])
-        raise ValueError(f"label {int(labels[row])} in row {row} is out of range [0, {classes}) "
-                         f"for {classes} classes")
-
-
 def _block_forward(ins: Sequence[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     x, labels = ins
-    _check_labels(labels, attrs["classes"])
+    check_labels(x, labels, attrs["classes"])
     out = np.empty((x.shape[0], STATS), x.dtype)
     _block_kernel(x, labels, attrs["lo"], out)
     return out
@@ -117,13 +109,6 @@ def _combine_grad_forward(ins: Sequence[np.ndarray], attrs: dict[str, Any]) -> n
 
 # -- shapes, gradients, costs ------------------------------------------------------------------
 
-def _check_block(x: Spec, labels: Spec) -> None:
-    expect_ndim(x, 2, "logits", "(N, K)")
-    if labels.dtype not in INT_DTYPES:
-        raise DTypeError(f"labels dtype is {labels.dtype}, expected int32 or int64 class indices")
-    expect_ndim(labels, 1, "labels", "(N,)")
-
-
 def _check_stats(specs: Sequence[Spec]) -> Shape:
     for s in specs:
         if len(s.shape) != 2 or s.shape[1] != STATS:
@@ -132,12 +117,12 @@ def _check_stats(specs: Sequence[Spec]) -> Shape:
 
 
 def _infer_block(ins: Sequence[Spec], attrs: dict[str, Any]) -> Spec:
-    _check_block(ins[0], ins[1])
+    check_logits_labels(ins[0], ins[1])
     return Spec((ins[0].shape[0], STATS), ins[0].dtype)
 
 
 def _infer_block_grad(ins: Sequence[Spec], attrs: dict[str, Any]) -> Spec:
-    _check_block(ins[0], ins[1])
+    check_logits_labels(ins[0], ins[1])
     _check_stats(ins[2:])
     return Spec(ins[0].shape, ins[0].dtype)
 
@@ -162,21 +147,13 @@ def _combine_grad(node: Node, dy: Node, wants: tuple[bool, ...]) -> list[Node | 
             for j, want in enumerate(wants)]
 
 
-def _first_input_cost(flops_per_element: float):  # noqa: ANN202 - a cost function factory
-    def cost(ins: Sequence[tuple[int, ...]], out: tuple[int, ...], attrs: dict[str, Any],
-             itemsize: int) -> Cost:
-        return Cost(flops_per_element * prod(ins[0]), float(itemsize * prod(ins[0])),
-                    float(itemsize * prod(out)))
-    return cost
-
-
-register("xent_block", _infer_block, _block_forward, _block_grad, _first_input_cost(8),
+register("xent_block", _infer_block, _block_forward, _block_grad, input_cost(8),
          doc="per row of a block of logits' columns (from column `lo` of `classes`): max m, "
              "sum of exp(logit - m), the label's logit if in the block (inputs logits, labels)")
-register("xent_block_grad", _infer_block_grad, _block_grad_forward, None, _first_input_cost(8),
+register("xent_block_grad", _infer_block_grad, _block_grad_forward, None, input_cost(8),
          doc="the gradient of xent_block's logits (inputs logits, labels, its output, dy)")
-register("xent_combine", _infer_combine, _combine_forward, _combine_grad, _first_input_cost(8),
+register("xent_combine", _infer_combine, _combine_forward, _combine_grad, input_cost(8),
          doc="the mean softmax cross-entropy from the blocks' xent_block statistics")
 register("xent_combine_grad", _infer_combine_grad, _combine_grad_forward, None,
-         _first_input_cost(8), doc="the gradient of xent_combine's input `index` "
+         input_cost(8), doc="the gradient of xent_combine's input `index` "
                                    "(inputs the statistics, dy)")
