@@ -154,6 +154,5 @@ register("xent_block_grad", _infer_block_grad, _block_grad_forward, None, input_
          doc="the gradient of xent_block's logits (inputs logits, labels, its output, dy)")
 register("xent_combine", _infer_combine, _combine_forward, _combine_grad, input_cost(8),
          doc="the mean softmax cross-entropy from the blocks' xent_block statistics")
-register("xent_combine_grad", _infer_combine_grad, _combine_grad_forward, None,
-         input_cost(8), doc="the gradient of xent_combine's input `index` "
-                                   "(inputs the statistics, dy)")
+register("xent_combine_grad", _infer_combine_grad, _combine_grad_forward, None, input_cost(8),
+         doc="the gradient of xent_combine's input `index` (inputs the statistics, dy)")
