@@ -372,8 +372,7 @@ class CostModel:
 
         return Costs(
             node_seconds=node_seconds,
-            nbytes=lambda n: tensor_bytes(n, batch), transfer_seconds=link.seconds,
+            nbytes=lambda n: tensor_bytes(n, batch), link=link,
             updates=self.concurrent_updates if shared else lambda _, alone: alone,
             update_seconds=lambda p: self.update_seconds(p, fused=p in fused),
-            message_cpu=self.message_cpu_s, latency=link.latency_s,
-            copy_seconds=link.copy_seconds)
+            message_cpu=self.message_cpu_s)

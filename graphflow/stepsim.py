@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from graphflow.ir import Graph, Node, steps_to_send, users_of
+from graphflow.link import Link
 
 LOCAL_OPS = ("placeholder", "constant")  # replicated: present on every worker at time 0
 
@@ -79,21 +80,19 @@ Queued = tuple[float, tuple[int, float, int], Node | Receipt]
 
 @dataclass
 class Costs:
-    """What the simulator asks of the cost model: a node's seconds, a tensor's bytes and their
-    transfer seconds, a parameter's update seconds, `updates(ends, alone)`: each worker's
+    """What the simulator asks of the cost model: a node's seconds, a tensor's bytes, the link
+    they cross (latency, bytes on the wire, the sender's copy: graphflow/link.py), a
+    parameter's update seconds, `updates(ends, alone)`: each worker's
     update seconds when worker w ends its compute at ends[w] and its update alone takes
     alone[w] (workers on one machine share its memory), and the CPU seconds a message costs
     each end."""
 
     node_seconds: Callable[[Node], float]
     nbytes: Callable[[Node], int]
-    transfer_seconds: Callable[[int], float]
+    link: Link
     updates: Callable[[list[float], list[float]], list[float]]
     update_seconds: Callable[[Node], float]
     message_cpu: float = 0.0
-    latency: float = 0.0  # of transfer_seconds: sends in a row overlap theirs
-    # of transfer_seconds, the sender's CPU moving the bytes (a shared link's: link.py)
-    copy_seconds: Callable[[int], float] = lambda nbytes: 0.0
 
 
 @dataclass(frozen=True)
@@ -143,22 +142,20 @@ def simulate(layout: Layout, costs: Costs, starts: Sequence[float] | None = None
     spans: dict[Node, Span] = {}
     transfers: list[Transfer] = []
 
-    cpu = costs.message_cpu
+    cpu, link = costs.message_cpu, costs.link
 
     def produced(n: Node, end: float) -> None:
         w = where[n]
         ready[n, w] = end
         if dests[n]:
             nbytes = costs.nbytes(n)
-            copy = costs.copy_seconds(nbytes)
-            # (latencies of sends in a row overlap)
-            wire = max(costs.transfer_seconds(nbytes) - costs.latency - copy, 0.0)
+            copy, wire = link.copy_seconds(nbytes), link.wire_seconds(nbytes)
         copied = end
         for d in dests[n]:
             copied += copy  # (the sender copies one message after another)
             start = max(copied, link_free[w])
-            link_free[w] = start + wire
-            arrives = inboxes[d].take(start + costs.latency, wire)
+            link_free[w] = start + wire  # (the latencies of sends in a row overlap)
+            arrives = inboxes[d].take(start + link.latency_s, wire)
             bytes_out[w] += nbytes
             bytes_in[d] += nbytes
             transfers.append(Transfer(n.name, w, d, nbytes, start, arrives - start))
