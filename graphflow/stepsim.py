@@ -186,11 +186,11 @@ def simulate(layout: Layout, costs: Costs, starts: Sequence[float] | None = None
         agenda.push(w, at, rank, n)
 
     params, computed, missing = layout.params, layout.computed, dict(layout.inputs)
-    for n in params:  # a parameter is there when its worker starts the step
-        produced(n, begin[where[n]])
-    for n in computed:
+    for n in computed:  # (before the parameters: a node they complete arrives through them)
         if missing[n] == 0:
             arrive(n)
+    for n in params:  # a parameter is there when its worker starts the step
+        produced(n, begin[where[n]])
     receipts = sum(len(d) for d in dests.values()) if cpu > 0 else 0
     for _ in range(len(computed) + receipts):
         task, w, start = agenda.next()

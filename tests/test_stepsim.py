@@ -241,3 +241,16 @@ def test_a_stream_of_steps_overlaps_them_each_worker_starting_when_its_own_step_
     assert cm.predict(g, placement).step_seconds == pytest.approx(4.0)
     assert cm.stream_seconds(g, placement) == pytest.approx(3.0)
     assert cm.stream_seconds(g, dict.fromkeys(placement, 0)) == pytest.approx(5.0)
+
+
+def test_a_node_whose_only_worker_inputs_are_parameters_runs_once():
+    # m reads the input and a parameter: it is ready once the parameter is (it was queued a
+    # second time as well, so it ran twice and the step's last node never ran)
+    with gf.Graph() as g:
+        x = gf.placeholder("x", (None, 1000))
+        w = gf.parameter("w", (1000,))
+        gf.neg(gf.mul(x, w, name="m"), name="n")
+    cm = timed_model({"m": 1.0, "n": 2.0})
+    p = cm.predict(g, dict.fromkeys(["x", "w", "m", "n"], 0))
+    assert p.step_seconds == pytest.approx(3.0, abs=1e-3)  # (and w's update, microseconds)
+    assert p.busy == [pytest.approx(3.0, abs=1e-3)]
