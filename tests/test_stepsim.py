@@ -254,3 +254,22 @@ def test_a_node_whose_only_worker_inputs_are_parameters_runs_once():
     p = cm.predict(g, dict.fromkeys(["x", "w", "m", "n"], 0))
     assert p.step_seconds == pytest.approx(3.0, abs=1e-3)  # (and w's update, microseconds)
     assert p.busy == [pytest.approx(3.0, abs=1e-3)]
+
+
+@pytest.mark.parametrize("strategy", ["spatial", "layerwise", "mincut"])
+@pytest.mark.parametrize("parts", [2, 3])
+def test_every_node_of_a_real_plan_runs_once_on_its_worker(strategy, parts):
+    from graphflow import stepsim
+
+    model = gf.models.digits_lc(batch=8)
+    plan = gf.partition(model.graph, parts, strategy, loss=model.loss)
+    where = {n: plan.placement[n.name] for n in plan.graph.nodes}
+    layout = stepsim.Layout.of(plan.graph, where)
+    costs = stepsim.Costs(node_seconds=lambda n: 1e-3, nbytes=lambda n: 1000,
+                          link=Link(1e9, 1e-4), updates=lambda ends, alone: alone,
+                          update_seconds=lambda p: 0.0)
+    p, spans = stepsim.simulate(layout, costs)
+    assert sorted(n.name for n in spans) == sorted(n.name for n in layout.computed)
+    assert all(spans[n][0] == where[n] for n in spans)
+    per_worker = [sum(where[n] == w for n in layout.computed) for w in range(parts)]
+    assert p.busy == [pytest.approx(k * 1e-3) for k in per_worker]
