@@ -27,11 +27,12 @@ from graphflow.trace.recorder import EXECUTOR, Recorder, activate, bind_thread, 
 from graphflow.transport.endpoint import Endpoint
 from graphflow.transport.rpc import RpcServer
 
-# A worker process runs its own garbage collector: what `load` built (graph, parameters,
-# kernels) is frozen, so a full collection no longer walks it (one took 58 ms, nearly a whole
-# lc-large step), and the young generations are collected after a step's reply is sent, in the
-# wait for the next request, instead of wherever CPython's allocation count falls mid-step
-# (seven young collections in each lc-large step, about 1.4 ms of it).
+# A worker process runs its own garbage collector: what `load` built (graph, parameters) and
+# what the first step loaded (its kernels) are frozen, so a full collection no longer walks them
+# (one took 58 ms, nearly a whole lc-large step; with the first step's kernels still in it,
+# 21-41 ms, and about 1 ms after), and the young generations are collected after a step's reply
+# is sent, in the wait for the next request, instead of wherever CPython's allocation count
+# falls mid-step (seven young collections in each lc-large step, 1.4 ms).
 FULL_COLLECTION_EVERY = 100  # steps: cycles promoted to the old generation are freed too
 # An idle worker wakes only this often (s) to see whether its parent is gone: a shutdown request
 # ends the loop at once. At 0.1 s, with the mailbox's receiver at 0.05, a dozen idle 2-worker
@@ -46,7 +47,7 @@ class WorkerService:
     def __init__(self, context: zmq.Context | None = None, own_gc: bool = False) -> None:
         self.context = context
         self.own_gc = own_gc
-        self._steps = 0  # steps answered
+        self._steps = 0  # steps answered since the last load
         self._collect = False  # with own_gc: the request being answered was a step
         self.worker: Worker | None = None
         self.link: PSLink | AllReduceLink | None = None
@@ -84,9 +85,11 @@ class WorkerService:
                              make_optimizer(optimizer), peer_timeout, stages)
         self.worker.trace = self.trace
         if self.own_gc:
+            gc.unfreeze()  # (loaded again: what the last load froze may be garbage now)
             gc.collect()
             gc.freeze()
             gc.disable()
+        self._steps = 0
         return endpoint.address
 
     def connect(self, peers: Mapping[str, str]) -> None:
@@ -192,7 +195,7 @@ class WorkerService:
     def stats(self) -> dict[str, Any]:
         mail = self._loaded().mail
         return {"bytes_sent": mail.bytes_sent, "bytes_received": mail.bytes_received,
-                "sent_keys": list(mail.sent_keys)}
+                "sent_keys": list(mail.sent_keys), "gc_frozen": gc.get_freeze_count()}
 
     def time_kernels(self, kernels: Sequence[Mapping[str, Any]],
                      repeats: int = 1) -> dict[str, Any]:
@@ -244,7 +247,11 @@ class WorkerService:
         self._replying = None
         if self._collect:
             self._collect, self._steps = False, self._steps + 1
-            gc.collect(2 if self._steps % FULL_COLLECTION_EVERY == 0 else 1)
+            if self._steps == 1:  # the kernels it loaded stay: frozen with what `load` built
+                gc.collect()
+                gc.freeze()
+            else:
+                gc.collect(2 if self._steps % FULL_COLLECTION_EVERY == 0 else 1)
         self._answered = clock()
 
     def shutdown(self) -> None:
