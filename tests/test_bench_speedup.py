@@ -180,7 +180,11 @@ def test_quick_run_with_auto_micro_batches_says_which_it_chose(tmp_path, capsys)
             if secs <= TRIAL_WITHIN * min(predicted.values())}
     trials = piped["microbatch_trials_s"]
     assert set(trials) == near
-    assert trials[str(piped["microbatches"])] == min(trials.values())
+    # the fastest, or the predicted best where nothing beat it by more than the margin
+    chosen, fastest = trials[str(piped["microbatches"])], min(trials.values())
+    predicted_best = min(predicted, key=predicted.__getitem__)
+    assert chosen == fastest or (str(piped["microbatches"]) == predicted_best
+                                 and fastest > (1 - rounds.TRIAL_MARGIN) * chosen)
     assert f"{piped['microbatches']} micro-batches (auto)" in capsys.readouterr().out
 
 
@@ -267,10 +271,31 @@ def test_the_trial_goes_by_each_counts_fastest_cluster(monkeypatch):
     monkeypatch.setattr(rounds, "timed", lambda c, feeds, window: speeds[c.m][c.k])
     monkeypatch.setattr(rounds, "memory_to_spare", lambda: True)
     args = type("Args", (), {"clusters": 3, "window": 16})()
-    best, kept, times = rounds.fastest_microbatches(None, args, [2, 4], {}, "x")
+    best, kept, times = rounds.fastest_microbatches(None, args, [2, 4], {}, "x", predicted=4)
     assert best == 2 and [c.k for c in kept] == [0, 1, 2]
     assert times == {2: 0.070, 4: 0.079}
     assert sorted(closed) == [(4, 0), (4, 1), (4, 2)]
+
+
+@pytest.mark.parametrize("trial, chosen", [({2: 0.0694, 4: 0.0682}, 2),
+                                           ({2: 0.0694, 4: 0.0650}, 4)])
+def test_the_trial_keeps_the_predicted_best_count_unless_another_beats_it_clearly(
+        monkeypatch, trial, chosen):
+    # 4 micro-batches' fastest cluster 1.7% ahead of 2's (the predicted best) is within the
+    # trial's noise (it then ran 73-93 ms a step where 2 runs 64-72); 6% ahead is not
+    class Fake:
+        def __init__(self, m):
+            self.m = m
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(rounds, "start_cluster", lambda plan, args, m, feeds, label: Fake(m))
+    monkeypatch.setattr(rounds, "timed", lambda c, feeds, window: trial[c.m])
+    monkeypatch.setattr(rounds, "memory_to_spare", lambda: True)
+    args = type("Args", (), {"clusters": 1, "window": 16})()
+    best, kept, _ = rounds.fastest_microbatches(None, args, [2, 4], {}, "x", predicted=2)
+    assert best == chosen and [c.m for c in kept] == [chosen]
 
 
 def test_a_point_whose_clusters_ran_at_different_speeds_gets_a_note(monkeypatch):

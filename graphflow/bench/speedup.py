@@ -26,8 +26,9 @@ prediction runs the schedule through `graphflow.runtime.pipeline.simulate` with 
 model's per-stage forward, backward and weight-gradient times. By default the pipelined row runs the
 micro-batch count (of 2, 3, 4 and 8, those predicted within 30% of the best) that was fastest
 in a short trial of each before the rounds, on three clusters a count, going by each count's
-fastest cluster (a fresh cluster now and then runs slow, whatever its count); the predictions
-of every count are in the JSON beside those times.
+fastest cluster (a fresh cluster now and then runs slow, whatever its count), where it beats
+the predicted best count's by more than 5% (else the predicted best: a lucky cluster must not
+decide either); the predictions of every count are in the JSON beside those times.
 """
 
 from __future__ import annotations
@@ -278,7 +279,7 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
                         near = [m for m, secs in sorted(choices.items())
                                 if secs <= TRIAL_WITHIN * min(choices.values())]
                         mb, trial, times = fastest_microbatches(plan, args, near, feeds,
-                                                                f"{label} P={n}")
+                                                                f"{label} P={n}", mb)
                         clusters = [stack.enter_context(c) for c in trial]
                         points[i]["microbatch_trials_s"] = times
                     points[i].update(microbatches=mb, microbatch_predictions_s=choices)
