@@ -276,6 +276,7 @@ def measure_workload(model: Model, args: argparse.Namespace) -> dict[str, Any]:
                     mb, choices = best_microbatches(plan, args.batch, args.repeats,
                                                     args.schedule)
                     if choices:  # the predictions ranked them: a trial measures the near ones
+                        points[i]["microbatch_predicted"] = mb
                         near = [m for m, secs in sorted(choices.items())
                                 if secs <= TRIAL_WITHIN * min(choices.values())]
                         mb, trial, times = fastest_microbatches(plan, args, near, feeds,
