@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
 import re
 import threading
 import time
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from graphflow.transport.frames import FrameError, array_nbytes, describe
-from graphflow.transport.shared import SHARED_DIR, create_ours, map_ours, unlink_ours
+from graphflow.transport.shared import create_ours, exists_ours, map_ours, unlink_ours
 
 RING_MIN_BYTES = 64 * 1024     # smaller tensors ride in the message (cheaper than a slot)
 MAX_SLOTS = 64                 # slots per peer
@@ -89,7 +88,7 @@ class SendRing:
         all-reduce were lost now and then when the sender finished first."""
         deadline = time.monotonic() + linger
         while time.monotonic() < deadline and any(
-                self.flags[i] and os.path.exists(f"{SHARED_DIR}/{self.prefix}{i}")
+                self.flags[i] and exists_ours(f"{self.prefix}{i}")
                 for i in range(len(self._slots))):
             time.sleep(0.001)
         for name in ["flags", *map(str, range(len(self._slots)))]:

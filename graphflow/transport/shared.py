@@ -101,6 +101,11 @@ def create_ours(name: str, size: int) -> mmap.mmap:
         os.close(fd)
 
 
+def exists_ours(name: str) -> bool:
+    """Whether /dev/shm/`name` is still there (not yet unlinked by whoever maps it last)."""
+    return os.path.exists(os.path.join(SHARED_DIR, name))
+
+
 def unlink_ours(name: str) -> None:
     """Remove /dev/shm/`name`, if it is still there."""
     try:
