@@ -154,16 +154,21 @@ class Plan:
 
         cost = cost or CostModel.default(batch)
         prediction = self.predict(batch, cost)
+        busy = list(prediction.busy) + [0.0] * (self.parts - len(prediction.busy))  # idle last
+        stats = self.stats(batch)
         lines = [f"plan: {self.strategy}, {self.parts} worker(s), batch {batch}, "
                  f"{len(self.transfers)} transfers of "
                  f"{sum(t.nbytes(batch) for t in self.transfers) / 1e6:.2f} MB per step",
                  f"{'worker':>6} {'nodes':>6} {'sends':>6} {'recvs':>6} {'GFLOP':>8} "
                  f"{'params MB':>10} {'in MB':>8} {'out MB':>8} {'busy ms':>8}"]
-        for s in self.stats(batch):
+        for s in stats:
             lines.append(f"{s.index:>6} {s.nodes:>6} {s.sends:>6} {s.recvs:>6} "
                          f"{s.flops / 1e9:>8.3f} {s.param_bytes / 1e6:>10.2f} "
                          f"{s.bytes_in / 1e6:>8.2f} {s.bytes_out / 1e6:>8.2f} "
-                         f"{1e3 * prediction.busy[s.index]:>8.1f}")
+                         f"{1e3 * busy[s.index]:>8.1f}")
+        idle = [str(s.index) for s in stats if s.nodes == 0]
+        if idle:
+            lines.append(f"idle: worker(s) {', '.join(idle)} got no nodes")
         copies = [n.name for n in self.graph if original_name(n.name) != n.name]
         if copies:  # see partitioners/recompute.py
             lines.append(f"recomputed instead of received: {', '.join(copies)}")

@@ -75,6 +75,16 @@ def test_plan_saves_loads_and_prints(tmp_path):
         Plan.from_dict({"format": "something else"})
 
 
+def test_report_shows_workers_that_got_no_nodes():
+    # manual placement of a graph without device scopes: everything on worker 0 of 3
+    plan = partition(diamond(), 3, "manual")
+    lines = plan.report(batch=8).splitlines()
+    rows = [line.split() for line in lines[2:5]]
+    assert [r[:2] for r in rows] == [["0", "5"], ["1", "0"], ["2", "0"]]
+    assert rows[1][-1] == rows[2][-1] == "0.0"  # busy ms
+    assert "idle: worker(s) 1, 2 got no nodes" in lines
+
+
 def test_split_refuses_unplaced_nodes():
     with pytest.raises(gf.GraphError, match="has no worker"):
         split(diamond(), {"x": 0, "a": 0})
