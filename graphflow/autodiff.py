@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from graphflow.errors import GraphError, located
-from graphflow.ir import SOURCE_OPS, Node
+from graphflow.ir import SOURCE_OPS, Graph, Node
 from graphflow.ops.registry import REGISTRY, apply
 
 
@@ -48,9 +48,14 @@ def gradients(loss: Node, wrt: Sequence[Node], dy: Node | None = None) -> dict[s
         if w not in reachable:
             raise GraphError(located(w, f"the loss '{loss.name}' does not depend on it"))
 
+    if dy is None:  # asked again (a trainer on a graph whose builder took its gradients)
+        built = _built_before(loss, wrt)
+        if built is not None:
+            return built
     with graph:
         # a constant, not ones_like(loss): the backward pass need not wait for the loss value
-        seed = dy if dy is not None else apply("constant", name=f"grad/{loss.name}", seed=True,
+        seed = dy if dy is not None else apply("constant", name=_free_name(f"grad/{loss.name}"),
+                                               seed=True, loss=loss.name,
                                                value=np.ones(loss.shape, loss.dtype))
         partials: dict[Node, list[Node]] = {loss: [seed]}
         done: dict[Node, Node] = {}
@@ -74,6 +79,48 @@ def gradients(loss: Node, wrt: Sequence[Node], dy: Node | None = None) -> dict[s
                     partials.setdefault(x, []).append(g)
     graph.gradients.update({w.name: done[w].name for w in wrt})
     return {w.name: done[w] for w in wrt}
+
+
+def drop_gradients(graph: Graph, loss: Node) -> None:
+    """Remove, in place, the backward nodes (`grad/...`) earlier `gradients` calls added that
+    `loss` does not need, and whatever was built on them (a partitioner derives its own)."""
+    needed = set(graph.ancestors([loss]))
+    gone = {n for n in graph.nodes if n.name.startswith("grad/") and n not in needed}
+    for n in graph.toposort():
+        if n not in needed and any(x in gone for x in n.inputs):
+            gone.add(n)
+    graph.remove(gone)
+    graph.gradients = {p: g for p, g in graph.gradients.items() if g in graph}
+
+
+def _built_before(loss: Node, wrt: Sequence[Node]) -> dict[str, Node] | None:
+    """The gradients of `loss` for every node of `wrt` if an earlier `gradients` call made
+    them all (the graph records each; they descend from the loss's seed), else None."""
+    graph = loss.graph
+    recorded = [graph.gradients.get(w.name) for w in wrt]
+    if not wrt or None in recorded:
+        return None
+    seeds = [n for n in graph.nodes if is_seed(n) and n.attrs.get("loss") == loss.name]
+    from_loss = set(seeds)
+    for n in graph.toposort():
+        if any(x in from_loss for x in n.inputs):
+            from_loss.add(n)
+    grads = [graph[name] for name in recorded]
+    if not all(g in from_loss or g in seeds for g in grads):
+        return None
+    return {w.name: g for w, g in zip(wrt, grads, strict=True)}
+
+
+def _free_name(base: str) -> str:
+    """`base`, or `base_1`, `base_2`, ... where the current graph (and scope) already has it."""
+    from graphflow.ir import current_graph
+
+    graph = current_graph()
+    name, i = base, 0
+    while (f"{graph.scope}/{name}" if graph.scope else name) in graph:
+        i += 1
+        name = f"{base}_{i}"
+    return name
 
 
 def _sum(terms: list[Node]) -> Node:

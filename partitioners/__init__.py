@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from graphflow.autodiff import gradients
+from graphflow.autodiff import drop_gradients, gradients
 from graphflow.costmodel import CostModel
 from graphflow.ir import Graph, Node
 from graphflow.partitioners import layerwise, manual, mincut, spatial
@@ -47,6 +47,8 @@ def partition(graph: Graph, parts: int, strategy: str = "spatial", loss: Node | 
     if parts < 1:
         raise ValueError(f"parts must be at least 1, got {parts}")
     g = graph_from_dict(graph_to_dict(graph))  # partitioning never changes the user's graph
+    if loss is not None:  # its gradients are derived from the partitioned forward graph
+        drop_gradients(g, g[loss.name])
     if strategy in REWRITING:
         g, placement = REWRITING[strategy](g, parts, cost)
         grads = _add_gradients(g, loss)
