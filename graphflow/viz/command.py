@@ -2,9 +2,7 @@
 
 MODEL is a reference workload (lc-large, speech-mlp, digits-lc), `module:function`,
 `path/to/file.py:function`, or a file or module alone, whose `build_model()` is used (see
-graphflow.modelspec). The cli wires this in with `configure(parser)` and `run(args)`; errors
-are raised (GraphflowError, ValueError, ImportError for .png without matplotlib, OSError) for
-the cli to print.
+graphflow.modelspec).
 
     graphflow visualize lc-large --parts 4 -o plan.svg
     graphflow visualize lc-large --parts 4 --compare spatial,layerwise,mincut -o cmp.html
@@ -25,6 +23,8 @@ from graphflow.modelspec import load_model
 from graphflow.viz.api import FORMATS, VIEWS, render
 from graphflow.viz.diagram import DETAILS
 
+# The cli wires this in with `configure(parser)` and `run(args)` and prints the errors `run`
+# raises (GraphflowError, ValueError, ImportError for .png without matplotlib, OSError).
 EXAMPLE = "example: graphflow visualize lc-large --parts 4 --strategy spatial -o plan.svg"
 
 
