@@ -21,9 +21,9 @@ Dim = int | None  # None is the symbolic batch dimension
 Shape = tuple[Dim, ...]
 SOURCE_OPS = ("placeholder", "parameter", "constant")  # values that come from outside: no work
 
-_PACKAGE_DIRS = tuple(
-    os.path.dirname(os.path.abspath(p))
-    for p in (__file__, os.path.join(os.path.dirname(__file__), "..", "ops", "x"))
+_PACKAGE_DIRS = tuple(  # graphflow and its two top-level packages: not the user's lines
+    os.path.dirname(os.path.abspath(os.path.join(os.path.dirname(__file__), *p)))
+    for p in (("x",), ("..", "ops", "x"), ("..", "partitioners", "x"))
 )
 _local = threading.local()
 

@@ -3,7 +3,9 @@
 `balanced_rows` splits each locally connected / conv / pooling layer's output rows into one
 block per worker, so that the workers' totals over all the layers are balanced by the cost
 model; `halo_first` then cuts a worker's block at the rows its neighbours read, so those rows
-are a block of their own that the worker computes and sends first.
+are a block of their own that the worker computes and sends first. Rows that no later op reads
+(a strided or pooling layer's floor drops them) never make a block of their own: their weights
+would be parameters the loss does not depend on (`read_rows`).
 """
 
 from __future__ import annotations
@@ -58,17 +60,21 @@ def balanced_rows(graph: Graph, parts: int,
     rows from the busiest worker to the least busy. A worker's rows that a neighbour reads go
     first (`halo_first`), so one layer's blocks need not end at the same time."""
     cost = cost or CostModel.default()
+    users = users_of(graph.nodes)
     layers = [n for n in graph.nodes if n.op in WINDOWED and int(n.shape[WINDOWED[n.op]]) > 1]
     per_row = {n: row_seconds(n, cost) for n in layers}
+    read = {n: read_rows(n, users) for n in layers}
     load = np.zeros(parts)
     sizes: dict[Node, np.ndarray] = {}
     for n in sorted(layers, key=lambda n: -per_row[n] * int(n.shape[WINDOWED[n.op]])):
         rows = int(n.shape[WINDOWED[n.op]])
-        k = min(rows, parts)  # a layer with fewer rows than workers uses the first `rows`
+        # a layer with fewer (read) rows than workers uses the first workers, a row each
+        k = min(int(read[n].sum()), parts)
         sizes[n] = np.full(k, rows // k)
         sizes[n][np.argsort(load[:k], kind="stable")[:rows % k]] += 1
+        sizes[n] = np.diff(_each_reads([0, *np.cumsum(sizes[n]).tolist()], read[n]))
         load[:k] += sizes[n] * per_row[n]
-    _even_out(sizes, per_row, load)
+    _even_out(sizes, per_row, load, read)
     out = {}
     for n in layers:
         edges = np.concatenate([[0], np.cumsum(sizes[n])])
@@ -76,12 +82,27 @@ def balanced_rows(graph: Graph, parts: int,
     return out
 
 
-def _even_out(sizes: dict[Node, np.ndarray], per_row: dict[Node, float],
-              load: np.ndarray) -> None:
+def _each_reads(edges: list[int], read: np.ndarray) -> list[int]:
+    """`edges` of blocks moved as little as makes each block hold a row something reads (a
+    block of rows nothing reads would be weights the loss does not depend on); rows nothing
+    reads join a neighbouring block. Needs no more blocks than read rows."""
+    at = np.flatnonzero(read)
+    k = len(edges) - 1
+    before = [0, *(int(np.searchsorted(at, e)) for e in edges[1:-1]), len(at)]  # read rows
+    for i in range(1, k):
+        before[i] = max(before[i], before[i - 1] + 1)
+    for i in range(k - 1, 0, -1):
+        before[i] = min(before[i], before[i + 1] - 1)
+    return [e if i in (0, k) or np.searchsorted(at, e) == before[i] else int(at[before[i]])
+            for i, e in enumerate(edges)]
+
+
+def _even_out(sizes: dict[Node, np.ndarray], per_row: dict[Node, float], load: np.ndarray,
+              read: dict[Node, np.ndarray]) -> None:
     """Move one row at a time from the busiest worker to the least busy one, of the layer
     that lowers the busier of the two the most, while that lowers it; each block keeps
     within SLACK rows of even (lc-large on 2 workers: lc1's 29 rows go 12 / 17, not 14 / 15,
-    as worker 0 also has lc2's odd row)."""
+    as worker 0 also has lc2's odd row) and a row something reads."""
     for _ in range(sum(int(s.sum()) for s in sizes.values())):
         busy, idle = int(np.argmax(load)), int(np.argmin(load))
         best: tuple[float, Node] | None = None
@@ -89,6 +110,11 @@ def _even_out(sizes: dict[Node, np.ndarray], per_row: dict[Node, float],
             rows, k = int(s.sum()), len(s)
             if max(busy, idle) >= k or s[busy] - 1 < max(1, rows // k - SLACK) \
                     or s[idle] + 1 > -(-rows // k) + SLACK:
+                continue
+            moved = s.copy()
+            moved[busy] -= 1
+            moved[idle] += 1
+            if not _reads_each(moved, read[n]):
                 continue
             peak = max(load[busy] - per_row[n], load[idle] + per_row[n])
             if peak < load[busy] and (best is None or peak < best[0]):
@@ -100,6 +126,12 @@ def _even_out(sizes: dict[Node, np.ndarray], per_row: dict[Node, float],
         sizes[n][idle] += 1
         load[busy] -= per_row[n]
         load[idle] += per_row[n]
+
+
+def _reads_each(sizes: np.ndarray, read: np.ndarray) -> bool:
+    """Whether each block of these sizes holds a row something reads."""
+    seen = np.concatenate([[0], np.cumsum(read)])[np.concatenate([[0], np.cumsum(sizes)])]
+    return bool((np.diff(seen) > 0).all())
 
 
 def window(n: Node) -> tuple[int, int, int]:
@@ -118,6 +150,7 @@ def halo_first(graph: Graph, rows: dict[Node, list[tuple[int, int]]]
     users = users_of(graph.nodes)
     out_rows, owners = {}, {}
     for n, bounds in rows.items():
+        read = read_rows(n, users)
         needs = []  # (worker, [lo, hi)) rows of n each next layer's block reads
         for nxt in _next_windowed(n, users):
             if nxt in rows and int(nxt.inputs[0].shape[WINDOWED[nxt.op]]) == bounds[-1][1]:
@@ -127,10 +160,49 @@ def halo_first(graph: Graph, rows: dict[Node, list[tuple[int, int]]]
         out_rows[n], owners[n] = [], []
         for j, (lo, hi) in enumerate(bounds):
             cuts = {lo, hi} | {min(max(e, lo), hi) for k, span in needs if k != j for e in span}
-            edges = sorted(cuts)
+            edges = _keep_read(sorted(cuts), read)
             out_rows[n] += list(zip(edges[:-1], edges[1:]))
             owners[n] += [j] * (len(edges) - 1)
     return out_rows, owners
+
+
+def _keep_read(edges: list[int], read: np.ndarray) -> list[int]:
+    """The cuts of one block that leave every piece with a row something reads: rows past the
+    next layer's last window stay with the piece before them, other unread rows with the next."""
+    kept = [edges[0]]
+    for e in edges[1:-1]:
+        if read[kept[-1]:e].any():
+            kept.append(e)
+    if len(kept) > 1 and not read[kept[-1]:edges[-1]].any():
+        kept.pop()
+    return [*kept, edges[-1]]
+
+
+def read_rows(n: Node, users: dict[Node, list[Node]]) -> np.ndarray:
+    """Which output rows of windowed layer `n` anything reads (a boolean mask). Only windowed
+    layers reading them through row-local ops can leave rows unread: rows after their last
+    window (their output size is floored) and, with a stride above the kernel, rows between
+    windows. Any other reader (flatten, a gather) reads every row."""
+    size = int(n.shape[WINDOWED[n.op]])
+    read = np.zeros(size, dtype=bool)
+    stack = [(u, n, WINDOWED[n.op]) for u in set(users[n])]  # (reader, what it reads, row axis)
+    seen = set()
+    while stack:
+        u, x, axis = stack.pop()
+        if (u, x, axis) in seen:
+            continue
+        seen.add((u, x, axis))
+        if u.op in WINDOWED and axis == WINDOWED[u.op] and x not in u.inputs[1:]:
+            kh, sh, ph = window(u)
+            for o in range(int(u.shape[axis])):
+                read[max(o * sh - ph, 0):max(o * sh - ph + kh, 0)] = True
+        elif u.op in UNARY | BINARY or (u.op == "lrn" and axis != 1):
+            stack += [(v, u, axis + u.ndim - x.ndim) for v in set(users[u])]
+        elif u.op == "transpose":
+            stack += [(v, u, list(u.attrs["axes"]).index(axis)) for v in set(users[u])]
+        else:
+            return np.ones(size, dtype=bool)
+    return read if read.any() else np.ones(size, dtype=bool)
 
 
 def _next_windowed(n: Node, users: dict[Node, list[Node]]) -> list[Node]:

@@ -73,15 +73,21 @@ class _Rewriter:
         self.rows, self.owners = rows, owners
         self.val: dict[Node, Node | Split | Partial | FlatSplit] = {}
         self.gathered: dict[Node, list[Node]] = {}  # all-gathered: whole on each worker
+        self.source = "<unknown>"  # the user's line of the node being rewritten
         self.users: dict[Node, int] = {n: 0 for n in src.nodes}
         for n in src.nodes:
             for x in n.inputs:
                 self.users[x] += 1
 
     # -- building blocks ------------------------------------------------------------------------
-    def on(self, worker: int, op: str, *inputs: Node, name: str, **attrs: Any) -> Node:
+    def on(self, worker: int, op: str, *inputs: Node, name: str, source: str | None = None,
+           **attrs: Any) -> Node:
         with device(f"worker:{worker}"):
-            return apply(op, *inputs, name=name, **attrs)
+            node = apply(op, *inputs, name=name, **attrs)
+        # errors name the user's line: apply() would record this file's (partitioners/ is
+        # not among the package dirs ir.user_source_line skips)
+        node.source = source or self.source
+        return node
 
     def whole(self, n: Node, worker: int = 0) -> Node:
         """The original node `n` as one tensor: gathered on `worker` if it is in blocks, and
@@ -90,7 +96,8 @@ class _Rewriter:
         if v is None:  # a parameter is placed where it is first used whole
             v = self.val[n] = self.copy(n, [], worker)
         elif isinstance(v, FlatSplit):
-            v = self.val[n] = self.on(worker, "flatten", self.gather(v.source, n.name, worker),
+            # its input's gather, under the input's name: one name for the concat and the flatten
+            v = self.val[n] = self.on(worker, "flatten", self.whole(n.inputs[0], worker),
                                       name=f"{n.name}/gathered")
         elif isinstance(v, Partial):
             total = v.blocks[0]
@@ -134,16 +141,18 @@ class _Rewriter:
             spec = {"of": p.name, "attrs": dict(p.attrs), "view": tuple(view), "axis": axis,
                     "lo": lo, "hi": hi, "shape": tuple(shape)}
             blocks.append(self.on(workers[j], "parameter", name=f"{p.name}/part{j}",
-                                  shape=tuple(shape), dtype=p.dtype, init="block", block=spec))
+                                  source=p.source, shape=tuple(shape), dtype=p.dtype,
+                                  init="block", block=spec))
         return blocks
 
     def copy(self, n: Node, inputs: list[Node], worker: int) -> Node:
-        return self.on(worker, n.op, *inputs, name=n.name, **n.attrs)
+        return self.on(worker, n.op, *inputs, name=n.name, source=n.source, **n.attrs)
 
     # -- the rules --------------------------------------------------------------------------------
     def visit(self, n: Node) -> None:
         if n.op == "parameter":
             return  # made when first used: whole, or as blocks by the op that splits it
+        self.source = n.source
         vals = [self.val.get(x) for x in n.inputs]
         if self._windowed(n):
             self.val[n] = self.windowed(n)
