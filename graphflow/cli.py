@@ -149,7 +149,10 @@ def _parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("worker", help="serve one worker for a driver on another machine",
                        description="Serve one graphflow worker: a driver (graphflow train "
-                                   "--cluster FILE) ships it a subgraph and runs steps on it.",
+                                   "--cluster FILE) ships it a subgraph and runs steps on it. "
+                                   "When the driver is done (or fails) the worker forgets its "
+                                   "run and waits for the next driver; a driver that died is "
+                                   "replaced by the next one to attach.",
                        epilog="example: graphflow worker --listen tcp://10.0.0.2:5555")
     w.add_argument("--listen", required=True,
                    help="control address: tcp://HOST:PORT (or ipc:///PATH)")
@@ -158,6 +161,9 @@ def _parser() -> argparse.ArgumentParser:
                         "workers it starts)")
     w.add_argument("--cpu", type=non_negative, default=None, metavar="N",
                    help="run on CPU N only (a local driver gives each of its workers a core)")
+    w.add_argument("--once", action="store_true",
+                   help="exit when the first driver is done with this worker, instead of "
+                        "waiting for the next one")
 
     ps = sub.add_parser("ps", help="serve one parameter-server shard",
                         description="Serve one parameter-server shard (normally the replica "
@@ -333,7 +339,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         except (OSError, AttributeError) as e:
             print(f"graphflow worker: cannot run on CPU {args.cpu}: {e}", file=sys.stderr)
             return 2
-    serve(args.listen, announce=True, own_gc=True, parent=args.exit_with_parent)
+    serve(args.listen, announce=True, own_gc=True, parent=args.exit_with_parent,
+          once=args.once)
     return 0
 
 

@@ -1,7 +1,8 @@
 """Multi-machine for real: three network namespaces on a private bridge stand in for three
 machines. `graphflow worker --listen tcp://...` runs on two of them; a driver on the third runs
 a partitioned training step over tcp and compares it with the single-process step, then one
-worker is killed and the driver must name it within its timeout.
+worker is killed and the driver must name it within its timeout. The workers serve on after
+their driver is done (`--once`: they exit).
 
 Needs root and iproute2 (skips otherwise); deselect with `-k "not multimachine"`.
 """
@@ -105,14 +106,15 @@ def _log(path):
     return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
 
-def start_workers(hosts, tmp: Path):
+def start_workers(hosts, tmp: Path, *options: str):
     """`graphflow worker --listen` on each worker host; returns once all of them listen."""
     procs, logs = {}, {}
     for h in WORKER_HOSTS:
         logs[h] = tmp / f"worker-{h}.log"
         with open(logs[h], "wb") as err:
             procs[h] = hosts.popen(h, [sys.executable, "-m", "graphflow.cli", "worker",
-                                       "--listen", f"tcp://{hosts.address(h)}:{PORT}"],
+                                       "--listen", f"tcp://{hosts.address(h)}:{PORT}",
+                                       *options],
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=err, env=_env())
     deadline = time.monotonic() + START_TIMEOUT
@@ -126,6 +128,20 @@ def start_workers(hosts, tmp: Path):
                             f"{_log(logs[h])}")
             time.sleep(0.05)
     return procs, logs
+
+
+@pytest.fixture
+def start(hosts, tmp_path):
+    """start(*options): `start_workers`, killed after the test (served ones never exit)."""
+    started = []
+
+    def run(*options: str):
+        procs, logs = start_workers(hosts, tmp_path, *options)
+        started.extend(procs.values())
+        return procs, logs
+    yield run
+    for proc in started:
+        Hosts.kill(proc)
 
 
 class Driver:
@@ -182,14 +198,23 @@ def assert_exits(proc, log, within: float):
     try:
         rc = proc.wait(within)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"worker did not exit {within:g}s after the driver's shutdown:\n{_log(log)}")
+        pytest.fail(f"worker did not exit {within:g}s after its driver was done:\n{_log(log)}")
     assert rc == 0, f"worker exited with {rc}:\n{_log(log)}"
 
 
-def test_multimachine_step_equals_single_process(hosts, tmp_path):
+def assert_serves_on(proc, log, within: float):
+    """The worker's driver released it (it says so) and it waits for the next one."""
+    deadline = time.monotonic() + within
+    while " left" not in _log(log) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert " left" in _log(log), f"no driver left the worker within {within:g}s:\n{_log(log)}"
+    assert proc.poll() is None, f"worker exited ({proc.returncode}):\n{_log(log)}"
+
+
+def test_multimachine_step_equals_single_process(hosts, tmp_path, start):
     """lc-large (batch 2) split over two hosts: loss and every gradient as in one process;
-    the workers exit when the driver closes the cluster."""
-    workers, logs = start_workers(hosts, tmp_path)
+    the workers, started with --once, exit when the driver closes the cluster."""
+    workers, logs = start("--once")
     driver = Driver(hosts, tmp_path, "lc-large", timeout=60.0, fail=False)
     assert_step_matches(driver.event("step", within=90))
     driver.event("closed", within=30)
@@ -198,10 +223,10 @@ def test_multimachine_step_equals_single_process(hosts, tmp_path):
         assert_exits(workers[h], logs[h], within=10)
 
 
-def test_multimachine_killed_worker_is_named(hosts, tmp_path):
+def test_multimachine_killed_worker_is_named(hosts, tmp_path, start):
     """digits-lc over two hosts equals one process; then worker:1's host loses its process
-    and the next step fails within the timeout, naming worker:1."""
-    workers, logs = start_workers(hosts, tmp_path)
+    and the next step fails within the timeout, naming worker:1; the survivor serves on."""
+    workers, logs = start()
     driver = Driver(hosts, tmp_path, "digits-lc", timeout=FAIL_TIMEOUT, fail=True)
     assert_step_matches(driver.event("step", within=60))
     driver.event("ready", within=10)
@@ -214,15 +239,15 @@ def test_multimachine_killed_worker_is_named(hosts, tmp_path):
     assert failure["seconds"] <= FAIL_TIMEOUT + SLACK, failure
     driver.event("closed", within=20)
     assert driver.finish(within=10) == 0, _log(driver.log)
-    assert_exits(workers["a"], logs["a"], within=10)  # the survivor still obeys the driver
+    assert_serves_on(workers["a"], logs["a"], within=10)  # released by the driver
 
 
 @pytest.mark.parametrize("sync", ["downpour", "allreduce"])
-def test_multimachine_replicas_train_together(hosts, tmp_path, sync):
+def test_multimachine_replicas_train_together(hosts, tmp_path, start, sync):
     """Two digits-lc replicas, one on each worker host (`graphflow train --cluster FILE
     --replicas 2`): through two shards that the driver on c runs on tcp, or averaging their
     gradients with each other over tcp (allreduce)."""
-    workers, logs = start_workers(hosts, tmp_path)
+    workers, logs = start()
     cluster = tmp_path / "cluster.toml"
     addresses = [f"tcp://{hosts.address(h)}:{PORT}" for h in WORKER_HOSTS]
     cluster.write_text(f"workers = {json.dumps(addresses)}\nps_host = \"{hosts.address('c')}\"\n")
@@ -244,4 +269,4 @@ def test_multimachine_replicas_train_together(hosts, tmp_path, sync):
     assert sum(steps.values()) == 400 and min(steps.values()) > 50, steps  # both trained
     assert result["test_accuracy"] >= 0.85, result
     for h in WORKER_HOSTS:
-        assert_exits(workers[h], logs[h], within=10)
+        assert_serves_on(workers[h], logs[h], within=10)

@@ -17,11 +17,14 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
+import time
 import uuid
 import weakref
 from collections import deque
@@ -33,11 +36,12 @@ import numpy as np
 import zmq
 
 from graphflow.errors import GraphflowError
+from graphflow.init import block_of
 from graphflow.lifetime import how_it_ended, log_tail
 from graphflow.partitioners.plan import Plan
 from graphflow.runtime import pipeline
-from graphflow.runtime.calls import WorkerCalls
-from graphflow.runtime.clusterfile import read_cluster_file
+from graphflow.runtime.calls import WorkerCalls, WorkerFailed
+from graphflow.runtime.clusterfile import check_hosts, read_cluster_file
 from graphflow.runtime.cores import BLAS_LIMIT, pinned_cores, start_worker_process
 from graphflow.runtime.heap import keep_freed_memory
 from graphflow.runtime.inflight import FeedBuffers, SentStep
@@ -73,19 +77,21 @@ class Cluster:
     runtime/pipeline.py), gradients averaged. `local_workers` (default: the plan's parts) is
     how many workers of this and other clusters share this machine's cores; each local worker
     gets its share of BLAS threads, and with `pin` (default: where it keeps it busy) a core of
-    its own (runtime/cores.py). Threads-mode workers keep freed memory (runtime/heap.py)."""
+    its own (runtime/cores.py). Threads-mode workers keep freed memory (runtime/heap.py).
+    Remote workers (`hosts`) must answer the first call within `connect_timeout` s."""
 
     def __init__(self, plan: Plan, mode: str = "threads", hosts: Sequence[str] | None = None,
                  optimizer: Mapping[str, Any] | None = None, timeout: float = 30.0,
                  microbatches: int = 1, schedule: str = "eager",
-                 local_workers: int | None = None, pin: bool | None = None) -> None:
+                 local_workers: int | None = None, pin: bool | None = None,
+                 connect_timeout: float = 10.0) -> None:
         if mode not in ("threads", "processes", "remote"):
             raise ValueError(f"unknown mode '{mode}': threads, processes or remote")
         if hosts is not None:
             mode = "remote"
-            if len(hosts) != plan.parts:
-                raise ValueError(f"the plan has {plan.parts} parts, {len(hosts)} hosts were given")
+            check_hosts(hosts, plan.parts)
         self.plan, self.mode, self.timeout = plan, mode, timeout
+        self.connect_timeout = connect_timeout
         if microbatches > 1:
             pipeline.schedule(schedule, 0, plan.parts, microbatches)  # validates the arguments
             pipeline.check_linear([(t.key, t.src, t.dst) for t in plan.transfers])
@@ -112,6 +118,7 @@ class Cluster:
         self._finished = 0.0  # when the last step's replies were all in
         self.trace_label: str | None = None  # names its workers in a trace of several clusters
         self.clients: list[RpcClient] = []
+        self.attached = False  # remote workers all answered `attach` (they are released)
         try:
             self.control = self._start_workers(hosts)
             # a worker waits `timeout` for a peer, then reports which one was silent; the
@@ -130,7 +137,8 @@ class Cluster:
 
             workers = ["tcp://10.0.0.2:5555", "tcp://10.0.0.3:5555"]
         """
-        return cls(plan, hosts=read_cluster_file(path), **kwargs)
+        check_hosts(hosts := read_cluster_file(path), plan.parts, path)
+        return cls(plan, hosts=hosts, **kwargs)
 
     # -- start-up -----------------------------------------------------------------------------
     def _start_workers(self, hosts: Sequence[str] | None) -> list[str]:
@@ -166,13 +174,36 @@ class Cluster:
         return f"tcp://{urlparse(control).hostname}:*"
 
     def _load(self, optimizer: Mapping[str, Any] | None) -> None:
-        self._call_all("hello", {})
+        self._greet()
         loads = [{"index": i, "graph": graph_to_dict(w.graph), "grads": self.plan.grads,
                   "data_bind": self._data_bind(i, c), "optimizer": dict(optimizer or {}),
                   "peer_timeout": self.timeout, "stages": self.plan.parts}
                  for i, (w, c) in enumerate(zip(self.plan.workers, self.control, strict=True))]
-        data = self._call_each("load", loads)
-        self._call_all("connect", {"peers": dict(zip(self.names, data, strict=True))})
+        data = self.call_each("load", loads)
+        self.call_all("connect", {"peers": dict(zip(self.names, data, strict=True))})
+
+    def _greet(self) -> None:
+        """The first call: a remote worker is attached to this driver's run, and must answer
+        within `connect_timeout` (a wrong address fails in seconds, not after `timeout`)."""
+        if self.mode != "remote":
+            self.call_all("hello", {})
+            return
+        wait, first = self.clients[0].timeout, min(self.connect_timeout, self.clients[0].timeout)
+        for client in self.clients:  # (back to `wait` once attached)
+            client.timeout = first
+        try:
+            self.call_all("attach", {"driver": f"{socket.gethostname()} pid {os.getpid()}"})
+        except WorkerFailed as e:
+            if not e.silent:
+                raise
+            at = self.control[self.names.index(e.worker)]
+            raise WorkerFailed(f"{e.worker} at {at} did not answer within {first:g}s: is "
+                               f"`graphflow worker --listen {at}` running there and reachable? "
+                               f"(or busy with another driver's step; a slow network: "
+                               f"Cluster(connect_timeout=...))", e.worker, silent=True) from None
+        for client in self.clients:
+            client.timeout = wait
+        self.attached = True
 
     # -- calls (runtime/calls.py) ---------------------------------------------------------------
     def _ended(self, i: int) -> str:
@@ -186,22 +217,13 @@ class Cluster:
     def _log(self, i: int) -> str:
         return os.path.join(self._tmp or "", f"worker{i}.log")
 
-    def _call(self, i: int, method: str, args: Mapping[str, Any]) -> Any:
-        return self._calls.call(i, method, args)
-
-    def _call_each(self, method: str, args: Sequence[Mapping[str, Any]]) -> list[Any]:
-        return self._calls.call_each(method, args)
-
-    def _call_all(self, method: str, args: Mapping[str, Any]) -> list[Any]:
-        return self._calls.call_each(method, [args] * self.plan.parts)
-
     def call_each(self, method: str, args: Sequence[Mapping[str, Any]]) -> list[Any]:
         """Call a WorkerService method on every worker, worker i with args[i]."""
-        return self._call_each(method, args)
+        return self._calls.call_each(method, args)
 
     def call_all(self, method: str, args: Mapping[str, Any]) -> list[Any]:
         """Call a WorkerService method with the same arguments on every worker."""
-        return self._call_all(method, args)
+        return self._calls.call_each(method, [args] * self.plan.parts)
 
     # -- the public API -----------------------------------------------------------------------
     def run(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str] = (),
@@ -303,31 +325,49 @@ class Cluster:
         return {"loss": out[self.plan.loss], **{p: out[g] for p, g in grads.items()}}
 
     def params(self) -> dict[str, np.ndarray]:
-        return {k: v for r in self._call_all("get_params", {}) for k, v in r.items()}
+        return {k: v for r in self.call_all("get_params", {}) for k, v in r.items()}
 
     def set_params(self, values: Mapping[str, np.ndarray]) -> None:
-        """Overwrite parameters by name on the workers that hold them."""
-        held = [{p.name for p in w.graph.parameters()} for w in self.plan.workers]
-        self._call_each("set_params", [{"values": {k: v for k, v in values.items() if k in h}}
-                                       for h in held])
+        """Overwrite parameters on the workers that hold them, by `params()`'s names or the
+        model's: one the plan split into blocks (`fc/W` as `fc/W/part0`, ...) is split alike.
+        KeyError for an unknown name, ValueError for a wrong shape, before anything is written:
+        `cluster.set_params(gf.Session(model.graph).params)`."""
+        homes: dict[str, list[tuple[int, Any]]] = {}  # a name -> (worker, parameter node)
+        for i, w in enumerate(self.plan.workers):
+            for p in w.graph.parameters():
+                homes.setdefault(p.name, []).append((i, p))
+                if "block" in p.attrs:  # and under the name of the whole it is a block of
+                    homes.setdefault(p.attrs["block"]["of"], []).append((i, p))
+        if unknown := sorted(set(values) - set(homes)):
+            raise KeyError(f"set_params: the plan has no parameter {', '.join(unknown)}; it has "
+                           f"{', '.join(sorted(homes)[:12])}{', ...' * (len(homes) > 12)}")
+        each: list[dict[str, np.ndarray]] = [{} for _ in self.names]
+        for name, value in values.items():
+            for i, p in homes[name]:
+                block = p.attrs["block"] if p.name != name else None  # (of the whole `name`)
+                shape = tuple(block["attrs"]["shape"]) if block else tuple(p.shape)
+                if np.shape(value) != shape:
+                    raise ValueError(f"set_params: parameter '{name}' has shape {shape}, the "
+                                     f"value given has shape {np.shape(value)}")
+                part = block_of(np.asarray(value), block) if block else value
+                each[i][p.name] = np.ascontiguousarray(part)
+        self.call_each("set_params", [{"values": v} for v in each])
 
     def stats(self) -> list[dict[str, Any]]:
-        return self._call_all("stats", {})
+        return self.call_all("stats", {})
 
     def clock_probe(self, i: int) -> float:
         """Worker i's trace clock (one short round trip: graphflow/trace aligns clocks)."""
-        return float(self._call(i, "trace_clock", {}))
+        return float(self._calls.call(i, "trace_clock", {}))
 
     def close(self) -> None:
         session = tracing.current()
         if session is not None and self.clients:
             session.leave(self)  # hand the workers' spans over while they are still there
-        for i, client in enumerate(self.clients):
-            try:
-                if not self._ended(i):
-                    client.call("shutdown", timeout=min(self.timeout, 5.0))
-            except GraphflowError:
-                pass  # already gone
+        # the workers it started end; remote ones serve on (unattached: the next driver takes them)
+        if self.mode != "remote" or self.attached:
+            self._tell_all("release" if self.mode == "remote" else "shutdown")
+        for client in self.clients:
             client.close()
         for t in self._threads:
             t.join(timeout=5.0)
@@ -340,6 +380,17 @@ class Cluster:
         if self._blas_limited:
             BLAS_LIMIT.release(self.local_workers)
             self._blas_limited = False
+
+    def _tell_all(self, method: str) -> None:
+        """Call `method` on every worker still there, waiting 5 s at most for all."""
+        deadline, sent = time.monotonic() + min(self.timeout, 5.0), {}
+        for i, client in enumerate(self.clients):
+            with contextlib.suppress(GraphflowError):  # gone already
+                if not self._ended(i):
+                    sent[i] = client.send(method)
+        for i, rid in sent.items():
+            with contextlib.suppress(GraphflowError):  # gone or hung: nothing to do for it
+                self.clients[i].receive(rid, method, max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> Cluster:
         return self

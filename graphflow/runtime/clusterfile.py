@@ -3,13 +3,67 @@
     workers = ["tcp://10.0.0.2:5555", "tcp://10.0.0.3:5555"]
 
 (`graphflow worker --listen tcp://HOST:PORT` serves one; replica sets add their own keys.)
+Every error names the file and the entry: `c.toml: workers[1] = 'tcp://:5555': no host`.
 """
 
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlparse
+
+FORM = "tcp://HOST:PORT"
+
+
+def address_problem(address: object) -> str | None:
+    """What is wrong with a worker's control address (None if it is tcp://HOST:PORT).
+
+        >>> address_problem("tcp://:5555"), address_problem("tcp://10.0.0.2:5555")
+        ('no host', None)
+    """
+    if not isinstance(address, str):
+        return f"not a string, expected \"{FORM}\""
+    url = urlparse(address)
+    if url.scheme != "tcp":
+        return f"not {FORM}"
+    try:
+        port = url.port
+    except ValueError:  # (urlparse: "Port out of range 0-65535", "Port could not be cast")
+        return "the port is not a number from 1 to 65535"
+    if not url.hostname:
+        return "no host"
+    if port is None or port == 0:
+        return "no port" if port is None else "port 0: the driver needs the worker's own port"
+    if url.path or url.query or url.params or url.fragment or url.username:
+        return f"extra parts, expected just {FORM}"
+    return None
+
+
+def workers_problem(workers: Sequence[object], key: str = "workers") -> tuple[str, str] | None:
+    """(entry, problem) for the first bad one of a list of worker addresses, or None."""
+    if not workers:
+        return f"{key} = []", f"list one \"{FORM}\" per worker"
+    seen: dict[object, int] = {}
+    for i, w in enumerate(workers):
+        entry = f"{key}[{i}] = {w!r}"
+        if (problem := address_problem(w)) is not None:
+            return entry, problem
+        if w in seen:  # one worker serves one part: a second `load` replaces the first
+            return entry, f"repeats {key}[{seen[w]}]: each worker serves one part"
+        seen[w] = i
+    return None
+
+
+def check_hosts(hosts: Sequence[object], parts: int, path: str = "") -> None:
+    """ValueError unless `hosts` (`Cluster(hosts=...)`, or a cluster file's workers) are one
+    good worker address for each of a plan's `parts`."""
+    where = f"{path}: " if path else ""
+    if (bad := workers_problem(hosts, "workers" if path else "hosts")) is not None:
+        raise ValueError(f"{where}{bad[0]}: {bad[1]}")
+    if len(hosts) != parts:
+        raise ValueError(f"{where}{len(hosts)} worker(s) for a plan of {parts} part(s): "
+                         f"one worker serves each part")
 
 
 def read_cluster_file(path: str) -> list[str]:
@@ -18,13 +72,20 @@ def read_cluster_file(path: str) -> list[str]:
 
 
 def load_cluster_file(path: str) -> dict[str, Any]:
-    """A TOML cluster file's contents, its `workers` checked to be tcp://HOST:PORT."""
+    """A TOML cluster file's contents, its `workers` checked to be tcp://HOST:PORT.
+    ValueError naming the file and the entry otherwise (OSError if it cannot be read)."""
     with open(path, "rb") as f:
-        data = tomllib.load(f)
+        try:
+            data = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{path}: not valid TOML: {e}") from None
     workers = data.get("workers")
-    if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers):
-        raise ValueError(f"{path}: expected `workers = [\"tcp://HOST:PORT\", ...]`")
-    bad = [w for w in workers if urlparse(w).scheme != "tcp" or not urlparse(w).port]
-    if bad:
-        raise ValueError(f"{path}: worker address {bad[0]!r} is not tcp://HOST:PORT")
+    if workers is None:
+        keys = ", ".join(sorted(data)) or "none"
+        raise ValueError(f"{path}: no `workers = [\"{FORM}\", ...]` (keys found: {keys})")
+    if not isinstance(workers, list):
+        raise ValueError(f"{path}: workers = {workers!r}: expected a list, "
+                         f"`workers = [\"{FORM}\", ...]`")
+    if (bad := workers_problem(workers)) is not None:
+        raise ValueError(f"{path}: {bad[0]}: {bad[1]}")
     return data

@@ -2,6 +2,11 @@
 
 The same service runs in a thread (threads in one process), in a local process, or on another
 machine (`graphflow worker --listen tcp://HOST:PORT`); only the addresses differ.
+
+A served worker outlives its drivers: one that did not start it `attach`es, and `release`s it
+when done; the worker drops that run (subgraph, endpoints, links, trace) and waits for the next.
+A driver that is gone without releasing (its connection ended) is replaced by the next to
+attach; a connected one is not. A driver `shutdown`s only the workers it started itself.
 """
 
 from __future__ import annotations
@@ -10,13 +15,15 @@ import gc
 import os
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zmq
 
 from graphflow.lifetime import exit_with_parent
+from graphflow.runtime.mailbox import PeerFailed
 from graphflow.runtime.worker import Worker, make_optimizer, worker_name
 
 if TYPE_CHECKING:
@@ -24,7 +31,7 @@ if TYPE_CHECKING:
 from graphflow.serialize import graph_from_dict
 from graphflow.timing import time_kernels, time_update
 from graphflow.trace.recorder import EXECUTOR, Recorder, activate, bind_thread, clock, deactivate
-from graphflow.transport.endpoint import Endpoint
+from graphflow.transport.endpoint import Endpoint, PeerTimeout
 from graphflow.transport.rpc import RpcServer
 
 # A worker process runs its own garbage collector: what `load` built (graph, parameters) and
@@ -38,15 +45,23 @@ FULL_COLLECTION_EVERY = 100  # steps: cycles promoted to the old generation are 
 # ends the loop at once. At 0.1 s, with the mailbox's receiver at 0.05, a dozen idle 2-worker
 # clusters made a busy pinned one's steps 8% slower (speech-mlp, pipelined).
 IDLE_WAIT = 1.0
+ANYONE = frozenset({"hello", "attach", "release"})  # what any driver may ask, attached or not
 
 
 class WorkerService:
     """RPC handlers around one Worker, created by `load`. With `own_gc` (a worker process,
-    not a thread in someone else's), it schedules the process's garbage collection."""
+    not a thread in someone else's), it schedules the process's garbage collection. `say`
+    reports drivers attaching and leaving (a served worker's stderr); with `once`, the first
+    driver's `release` ends the service."""
 
-    def __init__(self, context: zmq.Context | None = None, own_gc: bool = False) -> None:
+    def __init__(self, context: zmq.Context | None = None, own_gc: bool = False,
+                 say: Callable[[str], None] | None = None, once: bool = False) -> None:
         self.context = context
-        self.own_gc = own_gc
+        self.own_gc, self.say, self.once = own_gc, say, once
+        self.owner: bytes | None = None  # the attached driver's routing id (RpcServer.caller)
+        self.driver = ""  # how it described itself
+        self._server: RpcServer | None = None  # the server answering, who knows the caller
+        self._silent: str | None = None  # a peer never delivered in this step: later ones fail
         self._steps = 0  # steps answered since the last load
         self._collect = False  # with own_gc: the request being answered was a step
         self.worker: Worker | None = None
@@ -58,13 +73,34 @@ class WorkerService:
         self._replying: float | None = None  # when the last step's handler returned
         self.stop = threading.Event()
 
-    def handlers(self) -> dict[str, Any]:
-        return {"hello": self.hello, "load": self.load, "connect": self.connect,
-                "step": self.step, "get_params": self.get_params, "set_params": self.set_params,
-                "ps_attach": self.ps_attach, "ps_flush": self.ps_flush, "ar_bind": self.ar_bind,
-                "ar_attach": self.ar_attach, "stats": self.stats, "shutdown": self.shutdown,
-                "time_kernels": self.time_kernels, "trace_start": self.trace_start,
-                "trace_clock": self.trace_clock, "trace_take": self.trace_take}
+    def handlers(self, server: RpcServer | None = None) -> dict[str, Any]:
+        """Method name -> handler. Given the `server` that answers with them, a caller other
+        than the attached driver is refused all but ANYONE's methods."""
+        methods = {"hello": self.hello, "load": self.load, "connect": self.connect,
+                   "step": self.step, "get_params": self.get_params,
+                   "set_params": self.set_params, "ps_attach": self.ps_attach,
+                   "ps_flush": self.ps_flush, "ar_bind": self.ar_bind,
+                   "ar_attach": self.ar_attach, "stats": self.stats, "shutdown": self.shutdown,
+                   "time_kernels": self.time_kernels, "trace_start": self.trace_start,
+                   "trace_clock": self.trace_clock, "trace_take": self.trace_take,
+                   "attach": self.attach, "release": self.release}
+        self._server = server
+        if server is None:
+            return methods
+        return {method: partial(self._admitted, method, fn) for method, fn in methods.items()}
+
+    def _admitted(self, method: str, fn: Callable[..., Any], **args: Any) -> Any:
+        if self.owner not in (None, self._caller()) and method not in ANYONE:
+            raise RuntimeError(f"{method!r} refused: this worker now serves driver "
+                               f"{self.driver}, which took it over while this driver seemed gone")
+        return fn(**args)
+
+    def _caller(self) -> bytes | None:
+        return self._server.caller if self._server is not None else None
+
+    def _say(self, message: str) -> None:
+        if self.say is not None:
+            self.say(message)
 
     def _loaded(self) -> Worker:
         if self.worker is None:
@@ -73,6 +109,34 @@ class WorkerService:
 
     def hello(self) -> dict[str, Any]:
         return {"pid": os.getpid()}
+
+    def attach(self, driver: str = "") -> dict[str, Any]:
+        """Start the calling driver's run (`driver` describes it); `hello`'s reply. A worker
+        whose driver is gone without `release` is taken over (that run dropped); one whose
+        driver is still connected is not: RuntimeError."""
+        who = self._caller()
+        if self.owner is None or who != self.owner:
+            if self.owner is not None and self._server is not None:
+                if self._server.reaches(self.owner):
+                    raise RuntimeError(f"this worker serves driver {self.driver}, which is still "
+                                       f"connected: it is free once that driver closes")
+                self._say(f"driver {self.driver} is gone without releasing: its run is dropped")
+            self._say(f"driver {driver} attached")
+            self._drop_run()
+        self.owner, self.driver = who, driver
+        return self.hello()
+
+    def release(self) -> bool:
+        """The attached driver is done: drop its run and wait for the next one (with `once`,
+        stop). False, and nothing done, for a driver this worker no longer serves."""
+        if self._caller() != self.owner:
+            return False
+        self._say(f"driver {self.driver} left")
+        self._drop_run()
+        self.owner, self.driver = None, ""
+        if self.once:
+            self.stop.set()
+        return True
 
     def load(self, index: int, graph: dict[str, Any], grads: Mapping[str, str],
              data_bind: str, optimizer: Mapping[str, Any] | None = None,
@@ -84,6 +148,7 @@ class WorkerService:
         self.worker = Worker(index, graph_from_dict(graph), endpoint, grads,
                              make_optimizer(optimizer), peer_timeout, stages)
         self.worker.trace = self.trace
+        self._silent = None
         if self.own_gc:
             gc.unfreeze()  # (loaded again: what the last load froze may be garbage now)
             gc.collect()
@@ -166,10 +231,16 @@ class WorkerService:
              schedule: str = "1f1b", rows: int | None = None) -> dict[str, np.ndarray]:
         started = clock()
         worker, link = self._loaded(), self.link if train else None
+        if self._silent is not None:
+            self._refuse(worker, step)
         if link is not None:
             link.before_step(step)
-        out = worker.run_step(feeds, list(fetches), step, train, check_numerics, microbatches,
-                              schedule, rows)
+        try:
+            out = worker.run_step(feeds, list(fetches), step, train, check_numerics,
+                                  microbatches, schedule, rows)
+        except PeerTimeout as e:  # a peer that sent nothing for `timeout` is dead or hung
+            self._silent = f"step {step} waited in vain: {e}"
+            raise
         if link is not None:
             link.after_step(step)
         self._collect = self.own_gc
@@ -180,13 +251,23 @@ class WorkerService:
             self._replying = clock()
         return out
 
+    def _refuse(self, worker: Worker, step: int) -> None:
+        """Fail a step at once after one where a peer never delivered: steps queued behind it
+        (streamed) would each wait `timeout` for it again, while a new driver waits."""
+        why = f"{worker_name(worker.index)}: step {step} not run, {self._silent}"
+        try:
+            worker.mail.begin(step)
+        finally:
+            worker.mail.abort_peers(why)
+        raise PeerFailed(why)
+
     def get_params(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         params = self._loaded().params
         return {n: params[n] for n in (names if names is not None else params)}
 
     def set_params(self, values: Mapping[str, np.ndarray]) -> None:
         params = self._loaded().params
-        for name, value in values.items():
+        for name, value in values.items():  # (the driver checked them: Cluster.set_params)
             if name not in params or params[name].shape != np.shape(value):
                 raise ValueError(f"{worker_name(self._loaded().index)} holds no parameter "
                                  f"'{name}' of shape {np.shape(value)}")
@@ -257,6 +338,15 @@ class WorkerService:
     def shutdown(self) -> None:
         self.stop.set()
 
+    def _drop_run(self) -> None:
+        """Forget a run: what `close` ends, and what this worker knew of it."""
+        self.close()
+        self.replica, self._silent, self._steps = None, None, 0
+        if self.own_gc:  # its graph and parameters, frozen by `load`, are garbage now
+            gc.unfreeze()
+            gc.collect()
+            gc.enable()
+
     def close(self) -> None:
         self._set_trace(None)
         if self.link is not None:
@@ -272,11 +362,12 @@ class WorkerService:
 
 def serve(listen: str, context: zmq.Context | None = None,
           ready: threading.Event | None = None, announce: bool = False,
-          own_gc: bool = False, parent: int | None = None) -> None:
+          own_gc: bool = False, parent: int | None = None, once: bool = False) -> None:
     """Answer control requests at `listen` until `shutdown` (or until process `parent`, the
-    driver that started this one, is gone); `own_gc` when the worker is the whole process
-    (see WorkerService)."""
-    service = WorkerService(context, own_gc)
+    driver that started this one, is gone; with `once`, until the first driver releases it);
+    `own_gc` when the worker is the whole process (see WorkerService). With `announce`, say
+    on stderr where it listens and when drivers attach and leave."""
+    service = WorkerService(context, own_gc, _stderr if announce else None, once)
     if parent is not None:
         exit_with_parent(parent, service.stop)
     with RpcServer(listen, context, copy_results=True) as server:
@@ -285,10 +376,14 @@ def serve(listen: str, context: zmq.Context | None = None,
         if announce:
             print(f"graphflow worker listening on {server.address}", file=sys.stderr,
                   flush=True)
-        handlers = service.handlers()
+        handlers = service.handlers(server)
         try:
             while not service.stop.is_set():
                 if server.handle_one(handlers, IDLE_WAIT):
                     service.answered()
         finally:
             service.close()
+
+
+def _stderr(message: str) -> None:
+    print(f"graphflow worker: {message}", file=sys.stderr, flush=True)

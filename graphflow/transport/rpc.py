@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -73,12 +74,14 @@ class RpcServer:
         self._sock = tune(self._ctx.socket(zmq.ROUTER), hwm, int(linger * 1000))
         self._sock.maxmsgsize = max_msg_size
         self._sock.sndtimeo = 0  # ROUTER drops replies to vanished clients; never block on one
+        self._sock.router_mandatory = 1  # (and says so: `reaches`)
         try:
             self._sock.bind(bind)
         except zmq.ZMQError as e:
             self._sock.close(0)
             raise TransportError(f"rpc server: cannot bind {bind!r}: {e}") from e
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.caller: bytes | None = None  # the routing id of the request being answered
 
     def handle_one(self, handlers: Handlers, timeout: float) -> bool:
         """Answer at most one request that arrives within `timeout` s; True if one was."""
@@ -88,6 +91,7 @@ class RpcServer:
             identity, *frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return False
+        self.caller = identity.bytes  # (handlers may ask who is calling: runtime/service.py)
         reply = self._dispatch(handlers, frames)
         try:
             out = encode_message(reply)
@@ -98,6 +102,16 @@ class RpcServer:
             self._sock.send_multipart([identity, *out], copy=self._copy)
         except zmq.ZMQError:
             pass  # the client is gone; it will time out on its side
+        return True
+
+    def reaches(self, caller: bytes) -> bool:
+        """Whether client `caller` (a routing id, as `.caller`) is still connected. It is sent
+        a reply to no request, which an RpcClient drops (a dead peer's connection ends with
+        it, or within the heartbeat timeout)."""
+        try:
+            self._sock.send_multipart([caller, *encode_message({"id": None, "ok": True})])
+        except zmq.ZMQError as e:
+            return e.errno != zmq.EHOSTUNREACH  # (EAGAIN: there, with replies unread)
         return True
 
     def _dispatch(self, handlers: Handlers, frames: list[Any]) -> dict[str, Any]:
@@ -145,12 +159,24 @@ class RpcClient:
 
     def __init__(self, address: str, peer_name: str, timeout: float,
                  context: zmq.Context | None = None, *, linger: float = 0.0) -> None:
-        self.peer, self.timeout = peer_name, timeout
+        self.peer = peer_name
         self._ctx = context if context is not None else zmq.Context.instance()
         self._sock = tune(self._ctx.socket(zmq.DEALER), 64, int(linger * 1000))
-        self._sock.sndtimeo = max(0, int(timeout * 1000))
+        # its own routing id, kept across reconnects: a server tells its callers apart by it
+        self._sock.routing_id = b"gf" + uuid.uuid4().bytes
+        self.timeout = timeout
         self._ids = itertools.count(1)
         self._sock.connect(address)
+
+    @property
+    def timeout(self) -> float:
+        """The default wait (s) for a reply, and for the server to take a request."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._timeout = seconds
+        self._sock.sndtimeo = max(0, int(seconds * 1000))
 
     def call(self, method: str, timeout: float | None = None, **args: Any) -> Any:
         """Run `method(**args)` on the server and return its result.
