@@ -225,9 +225,19 @@ def cmd_train(args: argparse.Namespace) -> int:
                                       parts, args.strategy, options)
     elif args.parts > 1 or args.cluster:
         hosts = read_cluster_file(args.cluster) if args.cluster else None
+        if hosts and args.parts > 1 and args.parts != len(hosts):
+            raise ValueError(f"--parts {args.parts}, but {args.cluster} lists {len(hosts)} "
+                             "workers, one a part (leave --parts out to use them all)")
         trainer = PartitionedTrainer(
             model, optimizer, len(hosts) if hosts else args.parts, args.strategy, args.mode,
-            hosts, args.microbatches, args.schedule, batch=batch)
+            hosts, args.microbatches, args.schedule, batch=batch,
+            check_numerics=args.check_numerics)
+        idle = [str(s.index) for s in trainer.plan.stats(batch) if s.nodes == 0]
+        if idle:
+            print(f"graphflow train: note: worker(s) {', '.join(idle)} got no nodes from the "
+                  f"{args.strategy} strategy" + (" (no device() scope of the model names them)"
+                                                 if args.strategy == "manual" else ""),
+                  file=sys.stderr)
         if args.microbatches == "auto":
             print(f"micro-batches: {trainer.microbatches} (auto)", file=sys.stderr)
     else:
@@ -261,6 +271,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"test accuracy {100 * result['test_accuracy']:.2f}% on "
                   f"{result['test_examples']} held-out digits")
     return 0
+
+
+def train_conflict(args: argparse.Namespace) -> str | None:
+    """`train` options that would be ignored together: an error, not a silent no-op."""
+    if args.microbatches != 1 and (args.replicas > 1 or not (args.parts > 1 or args.cluster)):
+        return ("--microbatches pipelines one model split across workers: it needs --parts N "
+                "(N > 1) or --cluster FILE, and no --replicas")
+    if args.check_numerics and args.replicas > 1:
+        return "--check-numerics checks one process or one split model, not --replicas"
+    return None
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -352,6 +372,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return int(ps(argv[1:], prog="graphflow ps"))
     args = _parser().parse_args(argv)
+    if args.command == "train" and (conflict := train_conflict(args)):
+        print(f"graphflow train: error: {conflict}", file=sys.stderr)
+        return 2
     handler = {"train": cmd_train, "show": cmd_show, "ops": cmd_ops, "bench": cmd_bench,
                "worker": cmd_worker, "visualize": cmd_visualize,
                "timeline": cmd_timeline}[args.command]

@@ -112,13 +112,14 @@ class PartitionedTrainer(Trainer):
     `strategy`, run as threads, local processes or remote `hosts`. Parameters live on the
     workers; `accuracy` and `predict` first copy them into a local session. `microbatches`
     "auto" takes the count of 2, 3, 4, 8 with the shortest predicted step at `batch` (1 where the
-    plan cannot pipeline): `self.microbatches` says which."""
+    plan cannot pipeline): `self.microbatches` says which. With `check_numerics`, a step
+    stops at the first node that makes a NaN or inf, naming it."""
 
     def __init__(self, model: Model, optimizer: Optimizer, parts: int,
                  strategy: str = "spatial", mode: str = "threads",
                  hosts: list[str] | None = None, microbatches: int | Literal["auto"] = 1,
                  schedule: str = "eager", timeout: float = 60.0,
-                 batch: int | None = None) -> None:
+                 batch: int | None = None, check_numerics: bool = False) -> None:
         self.model, self.optimizer = model, optimizer
         self.session = Session(model.graph)
         self.plan = partition(model.graph, parts, strategy, loss=model.loss)
@@ -128,7 +129,7 @@ class PartitionedTrainer(Trainer):
             microbatches, _ = best_microbatches(self.plan, batch, repeats=3, schedule=schedule)
         self.microbatches = microbatches
         self.cluster = Cluster(self.plan, mode, hosts, optimizer.spec(), timeout, microbatches,
-                               schedule)
+                               schedule, check_numerics=check_numerics)
         self.step_count = 0
 
     def step(self, x: np.ndarray, y: np.ndarray) -> float:

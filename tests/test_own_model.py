@@ -36,6 +36,13 @@ MODEL_FILE = textwrap.dedent("""
             h = gf.tanh(gf.layers.dense(x, 16, name="h"))
             return g, gf.mse(gf.layers.dense(h, 3, name="pred"), t)
 
+    def blows_up():  # the log of a layer's outputs, half of them negative: NaN
+        with gf.Graph(seed=5) as g:
+            x = gf.placeholder("x", (None, 8))
+            y = gf.placeholder("y", (None,), "int32")
+            h = gf.log(gf.layers.dense(x, 8, name="fc1"))
+            return g, gf.softmax_cross_entropy(gf.layers.dense(h, 3, name="fc2"), y)
+
     def forward_only():
         with gf.Graph() as g:
             gf.layers.dense(gf.placeholder("x", (None, 8)), 4, name="fc")
@@ -197,3 +204,32 @@ def test_show_and_visualize_time_the_kernels_they_predict_by_once(model_file, tm
     fresh = {"GRAPHFLOW_COSTMODEL": str(tmp_path / "none.json")}
     r = cli("show", model_file, "--parts", 2, "--estimate", env=fresh)
     assert r.returncode == 0 and r.stderr == "" and not (tmp_path / "none.json").exists()
+
+
+def test_options_that_would_be_ignored_are_refused(model_file, tmp_path):
+    for args, expected in ((("--microbatches", "2"), "--microbatches pipelines one model"),
+                           (("--parts", "2", "--replicas", "2", "--microbatches", "2"),
+                            "and no --replicas"),
+                           (("--check-numerics", "--replicas", "2"), "--check-numerics checks")):
+        r = cli("train", model_file, *args, "--no-progress")
+        assert r.returncode == 2 and expected in r.stderr, (args, r.stderr[-500:])
+    hosts = tmp_path / "two.toml"
+    hosts.write_text('workers = ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"]\n')
+    r = cli("train", model_file, "--parts", "3", "--cluster", hosts, "--no-progress")
+    assert r.returncode == 1 and "--parts 3, but" in r.stderr and "lists 2 workers" in r.stderr
+
+
+def test_manual_placement_without_scopes_names_the_idle_worker(model_file):
+    r = cli("train", model_file, "--parts", "2", "--strategy", "manual", "--steps", "1",
+            "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "note: worker(s) 1 got no nodes from the manual strategy" in r.stderr
+
+
+def test_check_numerics_stops_a_split_model_at_the_node(model_file):
+    args = ("train", f"{model_file}:blows_up", "--parts", "2", "--strategy", "layerwise",
+            "--steps", "2", "--no-progress")
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr[-2000:]  # NaN losses, unchecked
+    r = cli(*args, "--check-numerics")
+    assert r.returncode == 1 and "log" in r.stderr and "NaN" in r.stderr, r.stderr[-2000:]

@@ -78,20 +78,21 @@ class Cluster:
     how many workers of this and other clusters share this machine's cores; each local worker
     gets its share of BLAS threads, and with `pin` (default: where it keeps it busy) a core of
     its own (runtime/cores.py). Threads-mode workers keep freed memory (runtime/heap.py).
-    Remote workers (`hosts`) must answer the first call within `connect_timeout` s."""
+    Remote workers (`hosts`) must answer the first call within `connect_timeout` s; with
+    `check_numerics` every step stops at the first node making a NaN or inf."""
 
     def __init__(self, plan: Plan, mode: str = "threads", hosts: Sequence[str] | None = None,
                  optimizer: Mapping[str, Any] | None = None, timeout: float = 30.0,
                  microbatches: int = 1, schedule: str = "eager",
                  local_workers: int | None = None, pin: bool | None = None,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = 10.0, check_numerics: bool = False) -> None:
         if mode not in ("threads", "processes", "remote"):
             raise ValueError(f"unknown mode '{mode}': threads, processes or remote")
         if hosts is not None:
             mode = "remote"
             check_hosts(hosts, plan.parts)
         self.plan, self.mode, self.timeout = plan, mode, timeout
-        self.connect_timeout = connect_timeout
+        self.connect_timeout, self.check_numerics = connect_timeout, check_numerics
         if microbatches > 1:
             pipeline.schedule(schedule, 0, plan.parts, microbatches)  # validates the arguments
             pipeline.check_linear([(t.key, t.src, t.dst) for t in plan.transfers])
@@ -285,8 +286,9 @@ class Cluster:
         for i in range(self.plan.parts):
             step.requests[i] = self._calls.send(i, "step", {
                 "feeds": self._feed_buffers.cut(self.plan, step, i, feeds), "fetches": wanted[i],
-                "step": step.number, "train": train, "check_numerics": check_numerics,
-                "microbatches": self.microbatches, "schedule": self.schedule, "rows": rows})
+                "step": step.number, "train": train, "microbatches": self.microbatches,
+                "check_numerics": check_numerics or self.check_numerics,
+                "schedule": self.schedule, "rows": rows})
         self.step_count += 1
         return step
 
@@ -372,10 +374,8 @@ class Cluster:
         for t in self._threads:
             t.join(timeout=5.0)
         for p in self._procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # killed next
                 p.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                pass  # killed next
         self._reap()
         if self._blas_limited:
             BLAS_LIMIT.release(self.local_workers)
