@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from graphflow.errors import GraphError, located
-from graphflow.ir import SOURCE_OPS, Graph, Node
+from graphflow.ir import SOURCE_OPS, Graph, Node, current_graph
 from graphflow.ops.registry import REGISTRY, apply
 
 
@@ -100,21 +100,18 @@ def _built_before(loss: Node, wrt: Sequence[Node]) -> dict[str, Node] | None:
     recorded = [graph.gradients.get(w.name) for w in wrt]
     if not wrt or None in recorded:
         return None
-    seeds = [n for n in graph.nodes if is_seed(n) and n.attrs.get("loss") == loss.name]
-    from_loss = set(seeds)
+    from_loss = {n for n in graph.nodes if is_seed(n) and n.attrs.get("loss") == loss.name}
     for n in graph.toposort():
         if any(x in from_loss for x in n.inputs):
             from_loss.add(n)
     grads = [graph[name] for name in recorded]
-    if not all(g in from_loss or g in seeds for g in grads):
+    if not all(g in from_loss for g in grads):
         return None
     return {w.name: g for w, g in zip(wrt, grads, strict=True)}
 
 
 def _free_name(base: str) -> str:
     """`base`, or `base_1`, `base_2`, ... where the current graph (and scope) already has it."""
-    from graphflow.ir import current_graph
-
     graph = current_graph()
     name, i = base, 0
     while (f"{graph.scope}/{name}" if graph.scope else name) in graph:
