@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from llvmlite.binding import get_host_cpu_name
 
 from graphflow.ir import Graph, Node
-from graphflow.ops import aligned
+from graphflow.ops import aligned, simd
 from graphflow.ops.registry import REGISTRY, concrete
 from graphflow.serialize import decode_value, encode_value
 
@@ -55,7 +56,7 @@ def fingerprint() -> str:
     parts = [platform.machine(), cpu or platform.processor(), str(os.cpu_count()),
              np.__version__, numba.__version__, str(numba.get_num_threads()),
              os.environ.get("OPENBLAS_NUM_THREADS", ""), os.environ.get("OMP_NUM_THREADS", ""),
-             kernels_digest()]
+             kernels_digest(), get_host_cpu_name(), str(simd.WIDE)]  # ("AMD EPYC": any of them)
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

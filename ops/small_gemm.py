@@ -14,7 +14,7 @@ dense layer on a micro-batch of 16) the packing costs as much as the multiply. H
   prefetch, in the same run), where BLAS runs 45 / 82. `matmul_nn_copied` reads a copy of
   each panel in L1 instead, where b's rows would share cache sets: 200 GFLOP/s at 64 rows.
 
-BLAS wins again from ~128 rows: see `wins`.
+BLAS wins again from ~128 rows, and from ~16 on a CPU without AVX-512: see `wins`.
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from graphflow.ops import simd
 from graphflow.ops.simd import LANES, prefetch, vfma, vload, vsplat, vstore4
 
 # reassociation lets LLVM vectorise the sums; NaN and inf keep their IEEE meaning
 _FAST = {"reassoc", "contract", "nsz"}
 MAX_ROWS = 64     # measured crossovers: 64 rows still wins by 1.1-1.5x, 128 ties, 256 loses
+NARROW_ROWS = 8   # without AVX-512 (simd.WIDE): 0.9-1.6x at 8 rows, 0.7-1.3x at 16, 0.6 at 64
 MIN_DEPTH = 256   # shorter dot products leave BLAS ahead (k = 64: 0.8x)
 MIN_COLS = 64     # a few output columns (a 10-way classifier) leave BLAS ahead
 PANEL = 64        # output columns a `matmul_nn` tile holds: 4 vectors of 16 float32
@@ -39,10 +41,15 @@ ALIASED_BYTES = 4096  # of this apart (`copies`)
 AHEAD = 3          # `matmul_nn` prefetches the b panel it takes this many panels later
 
 
+def row_limit() -> int:
+    """The most rows of `a` for which these kernels can beat BLAS on this CPU."""
+    return MAX_ROWS if simd.WIDE else NARROW_ROWS
+
+
 def wins(m: int, n: int, k: int) -> bool:
     """Whether these kernels beat BLAS for out (m, n) = a (m, k) @ op(b): few rows, long dot
     products, many columns (measured alike for `matmul_nt` and `matmul_nn`)."""
-    return m <= MAX_ROWS and k >= MIN_DEPTH and n >= MIN_COLS
+    return m <= row_limit() and k >= MIN_DEPTH and n >= MIN_COLS
 
 
 @njit(fastmath=_FAST, nogil=True, cache=True, inline="always")

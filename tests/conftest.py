@@ -20,3 +20,13 @@ def own_kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
         del os.environ["GRAPHFLOW_COSTMODEL"]
     else:
         os.environ["GRAPHFLOW_COSTMODEL"] = before
+
+
+@pytest.fixture
+def wide_vectors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gemm kernels' rules for AVX-512 CPUs, here and in worker processes started here:
+    tests of the kernels' dispatch must take their paths on any CPU (ops/simd.py)."""
+    from graphflow.ops import simd
+
+    monkeypatch.setattr(simd, "WIDE", True)
+    monkeypatch.setenv("GRAPHFLOW_WIDE_VECTORS", "1")

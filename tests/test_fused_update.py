@@ -14,6 +14,8 @@ from graphflow.partitioners import partition
 from graphflow.runtime import Cluster
 from tests.spies import updated_by
 
+pytestmark = pytest.mark.usefixtures("wide_vectors")  # (their paths on any CPU)
+
 ARGS = {rules.SGD: (np.float32(0.05), 0.0, 0.0), rules.MOMENTUM: (0.05, 0.9, 0.0),
         rules.ADAGRAD: (0.05, 0.0, 1e-8)}
 

@@ -15,6 +15,8 @@ from graphflow.runtime import Cluster
 from graphflow.trace import recording
 from graphflow.trace.chrome import events
 
+pytestmark = pytest.mark.usefixtures("wide_vectors")  # (their paths on any CPU)
+
 # two whole row blocks and a partial one; two whole column chunks, a short one and a partial
 # panel (left to BLAS); rows in blocks of 4 and the rest one at a time
 K, N = 2 * BLOCK_ROWS + 44, 2 * CHUNK_COLS + 3 * PANEL + 5

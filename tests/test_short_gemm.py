@@ -8,6 +8,8 @@ import graphflow.ops.matmul as matmul_mod
 from graphflow.ops.matmul import matmul_into
 from graphflow.ops.short_gemm import CHUNK_BYTES, PANEL, matmul_tn, wins
 
+pytestmark = pytest.mark.usefixtures("wide_vectors")  # (their paths on any CPU)
+
 
 def _reference(a, b):
     return a.astype(np.float64).T @ b.astype(np.float64)

@@ -22,6 +22,8 @@ from graphflow.ops.small_gemm import (
     wins,
 )
 
+pytestmark = pytest.mark.usefixtures("wide_vectors")  # (their paths on any CPU)
+
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("m", [1, 3, 4, 6, 17])

@@ -134,7 +134,7 @@ class Worker:
         else:
             tasks = pipeline.schedule(schedule, self.index, self.stages, microbatches)
         parts = {k: pipeline.split_batch(k, v, microbatches) for k, v in feeds.items()}
-        few_rows = max(sizes) <= small_gemm.MAX_ROWS  # (more go to BLAS, which packs its own)
+        few_rows = max(sizes) <= small_gemm.row_limit()  # (more go to BLAS: it packs its own)
         self.packed.begin_step(self.params, microbatches if few_rows else 0)
         keep = set(fetches) | set(self.grads.values())
         runs: dict[int, _Run] = {}
@@ -391,6 +391,6 @@ def _forward_weights(order: list[Node]) -> list[str]:
             continue
         w = n.inputs[1]
         if w.op == "parameter" and w.dtype == "float32" and len(w.shape) == 2 and \
-                small_gemm.wins(small_gemm.MAX_ROWS, w.shape[1], w.shape[0]):
+                small_gemm.wins(small_gemm.row_limit(), w.shape[1], w.shape[0]):
             names.append(w.name)
     return list(dict.fromkeys(names))
