@@ -29,6 +29,21 @@ count = at_least(1)
 non_negative = at_least(0)
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a time in seconds > 0.
+
+        >>> seconds("2.5")
+        2.5
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
+    if not value > 0:  # (NaN too)
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return value
+
+
 def microbatch_count(text: str) -> int | str:
     """An argparse type: a micro-batch count >= 1, or "auto" (the best predicted).
 

@@ -119,7 +119,8 @@ class PartitionedTrainer(Trainer):
                  strategy: str = "spatial", mode: str = "threads",
                  hosts: list[str] | None = None, microbatches: int | Literal["auto"] = 1,
                  schedule: str = "eager", timeout: float = 60.0,
-                 batch: int | None = None, check_numerics: bool = False) -> None:
+                 batch: int | None = None, check_numerics: bool = False,
+                 connect_timeout: float = 10.0) -> None:
         self.model, self.optimizer = model, optimizer
         self.session = Session(model.graph)
         self.plan = partition(model.graph, parts, strategy, loss=model.loss)
@@ -129,7 +130,8 @@ class PartitionedTrainer(Trainer):
             microbatches, _ = best_microbatches(self.plan, batch, repeats=3, schedule=schedule)
         self.microbatches = microbatches
         self.cluster = Cluster(self.plan, mode, hosts, optimizer.spec(), timeout, microbatches,
-                               schedule, check_numerics=check_numerics)
+                               schedule, connect_timeout=connect_timeout,
+                               check_numerics=check_numerics)
         self.step_count = 0
 
     def step(self, x: np.ndarray, y: np.ndarray) -> float:

@@ -122,6 +122,11 @@ class Plan:
             out[name] = assemble_blocks(tuple(whole["shape"]), parts, whole["dtype"])
         return out
 
+    def idle_workers(self) -> list[int]:
+        """The workers the strategy gave no nodes (a manual plan naming fewer devices)."""
+        return [w.index for w in self.workers
+                if all(n.op in ("send", "recv") for n in w.graph.nodes)]
+
     def stats(self, batch: int) -> list[WorkerStats]:
         out = []
         for w in self.workers:
@@ -166,9 +171,8 @@ class Plan:
                          f"{s.flops / 1e9:>8.3f} {s.param_bytes / 1e6:>10.2f} "
                          f"{s.bytes_in / 1e6:>8.2f} {s.bytes_out / 1e6:>8.2f} "
                          f"{1e3 * busy[s.index]:>8.1f}")
-        idle = [str(s.index) for s in stats if s.nodes == 0]
-        if idle:
-            lines.append(f"idle: worker(s) {', '.join(idle)} got no nodes")
+        if idle := self.idle_workers():
+            lines.append(f"idle: worker(s) {', '.join(map(str, idle))} got no nodes")
         copies = [n.name for n in self.graph if original_name(n.name) != n.name]
         if copies:  # see partitioners/recompute.py
             lines.append(f"recomputed instead of received: {', '.join(copies)}")

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -210,7 +212,10 @@ def test_options_that_would_be_ignored_are_refused(model_file, tmp_path):
     for args, expected in ((("--microbatches", "2"), "--microbatches pipelines one model"),
                            (("--parts", "2", "--replicas", "2", "--microbatches", "2"),
                             "and no --replicas"),
-                           (("--check-numerics", "--replicas", "2"), "--check-numerics checks")):
+                           (("--check-numerics", "--replicas", "2"), "--check-numerics checks"),
+                           (("--timeout", "5"), "--timeout is a split model's"),
+                           (("--parts", "2", "--connect-timeout", "5"), "is for --cluster"),
+                           (("--parts", "2", "--timeout", "0"), "must be > 0 seconds, got 0")):
         r = cli("train", model_file, *args, "--no-progress")
         assert r.returncode == 2 and expected in r.stderr, (args, r.stderr[-500:])
     hosts = tmp_path / "two.toml"
@@ -233,3 +238,25 @@ def test_check_numerics_stops_a_split_model_at_the_node(model_file):
     assert r.returncode == 0, r.stderr[-2000:]  # NaN losses, unchecked
     r = cli(*args, "--check-numerics")
     assert r.returncode == 1 and "log" in r.stderr and "NaN" in r.stderr, r.stderr[-2000:]
+
+
+def test_connect_timeout_reaches_a_cluster_files_workers(model_file, tmp_path):
+    with socket.socket() as s:  # a port nobody serves
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hosts = tmp_path / "nobody.toml"
+    hosts.write_text(f'workers = ["tcp://127.0.0.1:{port}", "tcp://127.0.0.1:{port + 1}"]\n')
+    start = time.monotonic()
+    r = cli("train", model_file, "--cluster", hosts, "--connect-timeout", "1", "--timeout", "30",
+            "--no-progress")
+    assert r.returncode == 1 and "did not answer within 1s" in r.stderr, r.stderr[-1000:]
+    assert f"127.0.0.1:{port}" in r.stderr and time.monotonic() - start < 60
+
+
+def test_a_split_trainer_hands_its_timeouts_to_the_cluster(model_file):
+    trainer = gf.train.PartitionedTrainer(load_trainable(str(model_file)), gf.optim.SGD(0.1), 2,
+                                          timeout=7.0, connect_timeout=3.0)
+    try:
+        assert trainer.cluster.timeout == 7.0 and trainer.cluster.connect_timeout == 3.0
+    finally:
+        trainer.close()

@@ -201,7 +201,8 @@ class Cluster:
             raise WorkerFailed(f"{e.worker} at {at} did not answer within {first:g}s: is "
                                f"`graphflow worker --listen {at}` running there and reachable? "
                                f"(or busy with another driver's step; a slow network: "
-                               f"Cluster(connect_timeout=...))", e.worker, silent=True) from None
+                               f"connect_timeout, `graphflow train --connect-timeout`)",
+                               e.worker, silent=True) from None
         for client in self.clients:
             client.timeout = wait
         self.attached = True

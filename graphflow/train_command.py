@@ -1,0 +1,214 @@
+"""`graphflow train`: its options, the combinations refused as usage errors, and the run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from graphflow.argtypes import count, microbatch_count, non_negative, seconds
+from graphflow.runtime.pipeline import SCHEDULES
+
+if TYPE_CHECKING:
+    from graphflow.models import Model
+    from graphflow.optim import Optimizer
+    from graphflow.replicas.manager import ReplicaOptions
+    from graphflow.train import Trainer
+
+MODEL_HELP = ("a reference workload (digits-lc, lc-large, speech-mlp), or your own: "
+              "file.py:function, module:function, or file.py alone for its build_model()")
+
+
+def configure(sub: Any) -> None:
+    """Add the `train` command to argparse's subparsers `sub`."""
+    from graphflow.optim import OPTIMIZERS
+    from graphflow.partitioners import STRATEGIES
+
+    t = sub.add_parser("train", help="train a model: a reference workload or your own",
+                       description="Train a model; digits-lc uses the digits data set and "
+                                   "reports held-out accuracy, the others use synthetic data "
+                                   "(random inputs and labels: for timing and for checking "
+                                   "that a model trains).",
+                       epilog="example: graphflow train digits-lc --steps 1500")
+    t.add_argument("workload", nargs="?", default="digits-lc", metavar="MODEL",
+                   help=f"{MODEL_HELP} (default digits-lc)")
+    t.add_argument("--steps", type=count, default=None,
+                   help="training steps (default: per workload; 20 for your own)")
+    t.add_argument("--batch", type=count, default=None,
+                   help="mini-batch size (default: per workload; your model's own, else 64)")
+    t.add_argument("--optimizer", default="adagrad", choices=sorted(OPTIMIZERS))
+    t.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default: per workload; 0.01 for your own)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--check-numerics", action="store_true",
+                   help="stop at the first node that produces NaN or inf")
+    t.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--trace", metavar="FILE", default=None,
+                   help="write the run's timeline (Chrome trace-event JSON: every worker's "
+                        "kernels, sends, receives, PS calls) here; draw it with `graphflow "
+                        "timeline FILE`")
+    m = t.add_argument_group("model parallelism")
+    m.add_argument("--parts", type=count, default=1, help="workers to split the model across")
+    m.add_argument("--strategy", default="spatial", choices=STRATEGIES,
+                   help="placement strategy (default spatial)")
+    m.add_argument("--mode", default="threads", choices=["threads", "processes"],
+                   help="workers as threads of this process or as local processes")
+    m.add_argument("--cluster", metavar="FILE",
+                   help="TOML file listing remote workers (`graphflow worker --listen`): "
+                        "workers = [\"tcp://HOST:PORT\", ...]; with --replicas R it lists "
+                        "R x parts workers and ps_host = \"ADDRESS\" of this machine, where "
+                        "the shards listen")
+    m.add_argument("--microbatches", type=microbatch_count, default=1,
+                   help="pipeline each batch in this many micro-batches (layerwise plans), "
+                        "or auto: the count of 2, 3, 4, 8 with the shortest predicted step")
+    m.add_argument("--schedule", default="eager", choices=list(SCHEDULES),
+                   help="pipeline schedule: gpipe, 1f1b, or eager (1F1B with twice the "
+                        "warm-up forwards; the default)")
+    m.add_argument("--timeout", type=seconds, default=None, metavar="SECONDS",
+                   help="a worker silent this long fails the step, naming it (default 60)")
+    m.add_argument("--connect-timeout", type=seconds, default=None, metavar="SECONDS",
+                   help="--cluster: how long a worker has to answer first (default 10)")
+    d = t.add_argument_group("data parallelism (parameter server)")
+    d.add_argument("--replicas", type=count, default=1,
+                   help="model replicas sharing a sharded parameter server (default 1: none)")
+    d.add_argument("--ps-shards", type=count, default=2, help="parameter-server shards (2)")
+    d.add_argument("--sync", default="downpour",
+                   choices=["downpour", "bsp", "ssp", "allreduce", "sandblaster"],
+                   help="downpour (async), bsp (barrier each step), ssp (bounded staleness), "
+                        "allreduce (synchronous, no PS) or sandblaster (L-BFGS, one iteration "
+                        "per batch)")
+    d.add_argument("--allreduce", default="ring", choices=["ring", "tree"],
+                   help="the allreduce algorithm of --sync allreduce (ring)")
+    d.add_argument("--n-fetch", type=count, default=1, help="downpour: fetch every N steps")
+    d.add_argument("--n-push", type=count, default=1, help="downpour: push every N steps")
+    d.add_argument("--staleness", type=non_negative, default=2,
+                   help="ssp: clocks ahead allowed (2)")
+    d.add_argument("--warm-start", type=non_negative, default=0,
+                   help="steps replica 0 runs alone before the others join")
+    d.add_argument("--compress", default=None, metavar="CODEC",
+                   help="gradient compression on push: float16 or topk:FRACTION")
+    d.add_argument("--checkpoint-dir", default=None,
+                   help="shards checkpoint here (and run as processes that are restarted)")
+
+
+DEFAULTS = {  # workload -> (steps, batch, lr); a user's model: 20, its own batch or 64, 0.01
+    "digits-lc": (1500, 32, 0.03),
+    "lc-large": (20, 64, 0.002),
+    # (Adagrad's first step moves every weight by lr: at 0.01 the 2560-wide sigmoid layers
+    # saturate and the loss climbs from 9 to 30 before it falls)
+    "speech-mlp": (20, 64, 0.001),
+}
+
+
+def run(args: argparse.Namespace) -> int:
+    from graphflow import datasets
+    from graphflow.modelspec import load_trainable
+    from graphflow.optim import OPTIMIZERS
+    from graphflow.train import DataParallelTrainer, PartitionedTrainer
+
+    model = load_trainable(args.workload, seed=args.seed)
+    steps, batch, lr = DEFAULTS.get(args.workload, (20, model.x.shape[0] or 64, 0.01))
+    steps, batch, lr = args.steps or steps, args.batch or batch, args.lr or lr
+    if args.workload == "digits-lc":
+        data, shift = datasets.digits(seed=args.seed), 2
+    else:
+        data, shift = datasets.synthetic_for(model, n=4 * batch, seed=args.seed), 0
+    trainer = _trainer(args, model, OPTIMIZERS[args.optimizer](lr), batch)
+    start = time.perf_counter()
+    try:
+        history = trainer.fit(datasets.batches(data.x_train, data.y_train, batch,
+                                               seed=args.seed, shift=shift), steps,
+                              progress=not args.no_progress, trace=args.trace)
+        took = time.perf_counter() - start
+        accuracy = (trainer.accuracy(data.x_test, data.y_test)
+                    if args.workload == "digits-lc" else None)
+        record = trainer.manager.record if isinstance(trainer, DataParallelTrainer) else None
+    finally:
+        if isinstance(trainer, (PartitionedTrainer, DataParallelTrainer)):
+            trainer.close()
+    result = {"workload": args.workload, "steps": steps, "batch": batch, "seconds": took,
+              "final_loss": history.losses[-1] if history.losses else None}
+    if record is not None:
+        result["replica_steps"] = {str(r): n for r, n in sorted(record.steps_done.items())}
+        result["failures"] = record.failures
+    if accuracy is not None:
+        result["test_accuracy"] = accuracy
+        result["test_examples"] = len(data.y_test)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.workload}: {steps} steps of batch {batch} in {took:.1f} s, "
+              f"final loss {result['final_loss']:.4f}")
+        if "test_accuracy" in result:
+            print(f"test accuracy {100 * result['test_accuracy']:.2f}% on "
+                  f"{result['test_examples']} held-out digits")
+    return 0
+
+
+def _trainer(args: argparse.Namespace, model: Model, optimizer: Optimizer,
+             batch: int) -> Trainer:
+    """One process, a split model (--parts, --cluster) or replicas of it (--replicas)."""
+    from graphflow.runtime.clusterfile import read_cluster_file
+    from graphflow.train import DataParallelTrainer, PartitionedTrainer, Trainer
+
+    if args.replicas > 1:
+        return DataParallelTrainer(model, optimizer, args.replicas, args.ps_shards,
+                                   *_replica_setup(args))
+    if not (args.parts > 1 or args.cluster):
+        return Trainer(model, optimizer, check_numerics=args.check_numerics)
+    hosts = read_cluster_file(args.cluster) if args.cluster else None
+    if hosts and args.parts > 1 and args.parts != len(hosts):
+        raise ValueError(f"--parts {args.parts}, but {args.cluster} lists {len(hosts)} "
+                         "workers, one a part (leave --parts out to use them all)")
+    trainer = PartitionedTrainer(
+        model, optimizer, len(hosts) if hosts else args.parts, args.strategy, args.mode,
+        hosts, args.microbatches, args.schedule, timeout=args.timeout or 60.0, batch=batch,
+        check_numerics=args.check_numerics, connect_timeout=args.connect_timeout or 10.0)
+    if idle := trainer.plan.idle_workers():
+        print(f"graphflow train: note: worker(s) {', '.join(map(str, idle))} got no nodes "
+              f"from the {args.strategy} strategy"
+              + (" (no device() scope of the model names them)"
+                 if args.strategy == "manual" else ""), file=sys.stderr)
+    if args.microbatches == "auto":
+        print(f"micro-batches: {trainer.microbatches} (auto)", file=sys.stderr)
+    return trainer
+
+
+def _replica_setup(args: argparse.Namespace) -> tuple[int, str, ReplicaOptions]:
+    """(parts, strategy, ReplicaOptions) of a --replicas run."""
+    from graphflow.replicas.manager import ReplicaOptions
+
+    options = ReplicaOptions(
+        mode=args.sync, n_fetch=args.n_fetch, n_push=args.n_push, staleness=args.staleness,
+        warm_start=args.warm_start, compress=args.compress, placement=args.mode,
+        algorithm=args.allreduce,
+        shard_placement="processes" if args.checkpoint_dir else "threads",
+        checkpoint_dir=args.checkpoint_dir)
+    parts = args.parts
+    if args.cluster:  # replicas x parts remote workers, the shards here on tcp
+        options = options.with_cluster_file(args.cluster)
+        assert options.hosts is not None
+        parts, extra = divmod(len(options.hosts), args.replicas)
+        if extra or not parts:
+            raise ValueError(f"{args.cluster} lists {len(options.hosts)} workers: not a "
+                             f"multiple of --replicas {args.replicas}")
+    return parts, args.strategy, options
+
+
+def conflict(args: argparse.Namespace) -> str | None:
+    """`train` options that would be ignored together: an error, not a silent no-op."""
+    split = (args.parts > 1 or args.cluster) and args.replicas == 1  # one model, split
+    if args.microbatches != 1 and not split:
+        return ("--microbatches pipelines one model split across workers: it needs --parts N "
+                "(N > 1) or --cluster FILE, and no --replicas")
+    if args.check_numerics and args.replicas > 1:
+        return "--check-numerics checks one process or one split model, not --replicas"
+    if args.timeout is not None and not split:
+        return ("--timeout is a split model's workers': it needs --parts N (N > 1) or "
+                "--cluster FILE, and no --replicas")
+    if args.connect_timeout is not None and not (args.cluster and args.replicas == 1):
+        return "--connect-timeout is for --cluster workers (and no --replicas)"
+    return None
