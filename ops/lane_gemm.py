@@ -124,10 +124,10 @@ def _lane1(at: np.ndarray, b: np.ndarray, tile: np.ndarray, j: int, width: int) 
 
 def wins(m: int, n: int, k: int) -> bool:
     """Whether `matmul_nt_lanes` beats BLAS for out (m, n) = a (m, k) @ b (n, k).T: long dot
-    products against many rows of b, up to MAX_ROWS rows of a. (Past that it still ran 1.45x
-    faster than a one-thread BLAS at 128 and at 1024 rows, 2560 x 2560, a pass over b for each
-    64 rows; but BLAS may have more cores than this one-thread kernel: `graphflow train` in
-    one process lets it use them all.)"""
+    products against many rows of b, up to MAX_ROWS rows of a (NARROW_ROWS without AVX-512).
+    (With AVX-512, past that it still ran 1.45x faster than a one-thread BLAS at 128 and at
+    1024 rows, 2560 x 2560, a pass over b for each 64 rows; but BLAS may have more cores than
+    this one-thread kernel: `graphflow train` in one process lets it use them all.)"""
     return m <= (MAX_ROWS if simd.WIDE else NARROW_ROWS) and k >= MIN_DEPTH and n >= MIN_COLS
 
 

@@ -28,7 +28,7 @@ from graphflow.ops.simd import LANES, prefetch, vfma, vload, vsplat, vstore4
 # reassociation lets LLVM vectorise the sums; NaN and inf keep their IEEE meaning
 _FAST = {"reassoc", "contract", "nsz"}
 MAX_ROWS = 64     # measured crossovers: 64 rows still wins by 1.1-1.5x, 128 ties, 256 loses
-NARROW_ROWS = 8   # without AVX-512 (simd.WIDE): 0.9-1.6x at 8 rows, 0.7-1.3x at 16, 0.6 at 64
+NARROW_ROWS = 8   # without AVX-512 (simd.WIDE): 0.9-1.8x at 8 rows, 0.8-1.3x at 16, 0.5-0.6 at 64
 MIN_DEPTH = 256   # shorter dot products leave BLAS ahead (k = 64: 0.8x)
 MIN_COLS = 64     # a few output columns (a 10-way classifier) leave BLAS ahead
 PANEL = 64        # output columns a `matmul_nn` tile holds: 4 vectors of 16 float32
