@@ -1,10 +1,13 @@
-"""The suite's kernel-time cache is its own, empty at the start: plans and predictions that read
+"""Shared fixtures: the suite's own kernel-time cache, the gemm kernels' AVX-512 rules on any
+CPU (`wide_vectors`) and the command run in this process (`cli_here`).
+
+The suite's kernel-time cache is its own, empty at the start: plans and predictions that read
 the machine's cache (~/.cache/graphflow, which every benchmark run rewrites) came out
 differently after a run of `graphflow bench speedup` (the spatial rows of lc-large, then
 which reductions a worker recomputes). Worker processes the tests start inherit it."""
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,3 +33,22 @@ def wide_vectors(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(simd, "WIDE", True)
     monkeypatch.setenv("GRAPHFLOW_WIDE_VECTORS", "1")
+
+
+@pytest.fixture
+def cli_here(monkeypatch: pytest.MonkeyPatch,
+             capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
+    """`graphflow ARGS` run by `cli.main` in this process (no interpreter to start: argparse's
+    checks), as (exit code, stdout, stderr)."""
+    from graphflow import cli
+
+    monkeypatch.setattr(cli, "keep_freed_memory", lambda: None)  # (this process's malloc)
+
+    def call(*args: object) -> tuple[int, str, str]:
+        try:
+            code = cli.main([str(a) for a in args])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 2
+        out, err = capsys.readouterr()
+        return code, out, err
+    return call

@@ -15,25 +15,26 @@ def run(*args):
                           text=True, timeout=600)
 
 
-def test_help_and_usage_errors():
+def test_help_and_usage_errors(cli_here):
     r = run("--help")
     assert r.returncode == 0 and "train" in r.stdout
     for command in ("train", "show", "ops", "visualize", "timeline", "bench", "worker", "ps"):
-        r = run(command, "--help")
-        assert r.returncode == 0 and "example:" in r.stdout, (command, r.stdout[-300:])
-    r = run("--version")
-    assert r.returncode == 0 and r.stdout.startswith("graphflow ")
+        code, out, _ = cli_here(command, "--help")
+        assert code == 0 and "example:" in out, (command, out[-300:])
+    code, out, _ = cli_here("--version")
+    assert code == 0 and out.startswith("graphflow ")
     r = run("train", "--optimizer", "no-such-optimizer")
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
 
-def test_bad_counts_are_usage_errors():
+def test_bad_counts_are_usage_errors(cli_here):
     # --steps 0 used to run the default 1500 steps, --parts -1 one process, --steps -3 crashed
     for args, expected in ((("train", "--steps", "0"), "argument --steps: must be >= 1, got 0"),
                            (("train", "--parts", "-1"), "argument --parts: must be >= 1"),
+                           (("train", "--timeout", "-1"), "must be > 0 seconds, got -1"),
                            (("bench", "speedup", "--batch", "x"), "'x' is not an integer")):
-        r = run(*args)
-        assert r.returncode == 2 and expected in r.stderr, (args, r.stderr[-300:])
+        code, _, err = cli_here(*args)
+        assert code == 2 and expected in err, (args, err[-300:])
 
 
 def test_ops_lists_the_registry():

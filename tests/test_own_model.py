@@ -208,7 +208,7 @@ def test_show_and_visualize_time_the_kernels_they_predict_by_once(model_file, tm
     assert r.returncode == 0 and r.stderr == "" and not (tmp_path / "none.json").exists()
 
 
-def test_options_that_would_be_ignored_are_refused(model_file, tmp_path):
+def test_options_that_would_be_ignored_are_refused(model_file, tmp_path, cli_here):
     for args, expected in ((("--microbatches", "2"), "--microbatches pipelines one model"),
                            (("--parts", "2", "--replicas", "2", "--microbatches", "2"),
                             "and no --replicas"),
@@ -216,8 +216,8 @@ def test_options_that_would_be_ignored_are_refused(model_file, tmp_path):
                            (("--timeout", "5"), "--timeout is a split model's"),
                            (("--parts", "2", "--connect-timeout", "5"), "is for --cluster"),
                            (("--parts", "2", "--timeout", "0"), "must be > 0 seconds, got 0")):
-        r = cli("train", model_file, *args, "--no-progress")
-        assert r.returncode == 2 and expected in r.stderr, (args, r.stderr[-500:])
+        code, _, err = cli_here("train", model_file, *args, "--no-progress")
+        assert code == 2 and expected in err, (args, err[-500:])
     hosts = tmp_path / "two.toml"
     hosts.write_text('workers = ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"]\n')
     r = cli("train", model_file, "--parts", "3", "--cluster", hosts, "--no-progress")
