@@ -139,13 +139,16 @@ def largest_microbatch(batch: int, microbatches: int) -> int:
 TIE = 0.05
 
 
-def best_microbatches(plan: Plan, batch: int, repeats: int,
-                      schedule: str = "1f1b") -> tuple[int, dict[int, float]]:
+def best_microbatches(plan: Plan, batch: int, repeats: int, schedule: str = "1f1b",
+                      unpipelined: bool = False) -> tuple[int, dict[int, float]]:
     """The micro-batch count of a pipelined `plan` with the shortest predicted step, of the
     `MICROBATCH_CHOICES` up to `batch` (kernels timed at each size first), and every
     count's prediction. Small micro-batches shorten the pipeline's fill and drain but run
     slower kernels; which wins depends on the model, the batch and the machine. A plan that
-    cannot pipeline (one part, or tensors that do not flow stage to stage) gets 1."""
+    cannot pipeline (one part, or tensors that do not flow stage to stage) gets 1. With
+    `unpipelined`, 1 (the whole batch at once) competes too: where BLAS runs micro-batches
+    much slower (a CPU without AVX-512: speech-mlp's 32 rows at 70% of 64's speed) the plain
+    step can be the faster."""
     options = [m for m in MICROBATCH_CHOICES if m <= batch]
     if not options or plan.parts == 1:
         return 1, {}
@@ -157,7 +160,7 @@ def best_microbatches(plan: Plan, batch: int, repeats: int,
         CostModel.calibrate(plan.graph, b, repeats)
     cost = CostModel.default(batch)
     predicted = {m: predict(plan, batch, m, repeats, cost=cost, schedule=schedule)
-                 for m in options}
+                 for m in ([1] if unpipelined else []) + options}
     best = min(predicted.values())
     return min(m for m, s in predicted.items() if s <= best * (1 + TIE)), predicted
 

@@ -111,8 +111,9 @@ class PartitionedTrainer(Trainer):
     """Trains a Model split across workers (model parallelism): `parts` workers placed by
     `strategy`, run as threads, local processes or remote `hosts`. Parameters live on the
     workers; `accuracy` and `predict` first copy them into a local session. `microbatches`
-    "auto" takes the count of 2, 3, 4, 8 with the shortest predicted step at `batch` (1 where the
-    plan cannot pipeline): `self.microbatches` says which. With `check_numerics`, a step
+    "auto" takes the count of 1 (no pipeline), 2, 3, 4, 8 with the shortest predicted step at
+    `batch` (the fewest within 5% of it; 1 where the plan cannot pipeline): `self.microbatches`
+    says which. With `check_numerics`, a step
     stops at the first node that makes a NaN or inf, naming it."""
 
     def __init__(self, model: Model, optimizer: Optimizer, parts: int,
@@ -127,7 +128,8 @@ class PartitionedTrainer(Trainer):
         if microbatches == "auto":
             if batch is None:
                 raise ValueError("microbatches='auto' needs the batch size (batch=...)")
-            microbatches, _ = best_microbatches(self.plan, batch, repeats=3, schedule=schedule)
+            microbatches, _ = best_microbatches(self.plan, batch, repeats=3, schedule=schedule,
+                                                unpipelined=True)
         self.microbatches = microbatches
         self.cluster = Cluster(self.plan, mode, hosts, optimizer.spec(), timeout, microbatches,
                                schedule, connect_timeout=connect_timeout,

@@ -63,7 +63,8 @@ def configure(sub: Any) -> None:
                         "the shards listen")
     m.add_argument("--microbatches", type=microbatch_count, default=1,
                    help="pipeline each batch in this many micro-batches (layerwise plans), "
-                        "or auto: the count of 2, 3, 4, 8 with the shortest predicted step")
+                        "or auto: the count of 1 (none), 2, 3, 4, 8 with the shortest "
+                        "predicted step")
     m.add_argument("--schedule", default="eager", choices=list(SCHEDULES),
                    help="pipeline schedule: gpipe, 1f1b, or eager (1F1B with twice the "
                         "warm-up forwards; the default)")

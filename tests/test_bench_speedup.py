@@ -165,6 +165,24 @@ def test_auto_picks_the_fewest_micro_batches_predicted_within_a_tie_of_the_best(
     assert best_microbatches(spatial, 8, repeats=1) == (1, {})
 
 
+def test_auto_for_training_pipelines_only_where_that_is_predicted_faster(monkeypatch):
+    from graphflow import prediction
+
+    m = digits_lc(batch=None)
+    plan = partition(m.graph, 2, "layerwise", loss=m.loss)
+    chosen, predicted = best_microbatches(plan, 8, repeats=1, unpipelined=True)
+    best = min(predicted.values())
+    assert set(predicted) == {1, 2, 3, 4, 8} and predicted[chosen] <= best * (1 + TIE)
+    assert all(predicted[c] > best * (1 + TIE) for c in predicted if c < chosen)
+    assert predicted[1] == pytest.approx(prediction.predict(plan, 8, 1, 1), rel=1e-9)
+    # the whole batch at once wins a tie, and loses to a pipeline more than a tie faster
+    for piped, want in ((1.0 - TIE / 2, 1), (1.0 - 2 * TIE, 2)):
+        monkeypatch.setattr(prediction, "predict", lambda plan, batch, mb, *a, piped=piped,
+                            **k: 1.0 if mb == 1 else piped + 0.01 * mb)
+        assert best_microbatches(plan, 8, repeats=1, unpipelined=True)[0] == want
+        assert best_microbatches(plan, 8, repeats=1)[0] == 2  # the bench's pipelined row
+
+
 def test_quick_run_with_auto_micro_batches_says_which_it_chose(tmp_path, capsys):
     out_json = tmp_path / "speedup.json"
     code = speedup.main(["--quick", "--workloads", "digits-lc", "--mode", "threads",
