@@ -24,7 +24,6 @@ MODEL_HELP = ("a reference workload (digits-lc, lc-large, speech-mlp), or your o
 def configure(sub: Any) -> None:
     """Add the `train` command to argparse's subparsers `sub`."""
     from graphflow.optim import OPTIMIZERS
-    from graphflow.partitioners import STRATEGIES
 
     t = sub.add_parser("train", help="train a model: a reference workload or your own",
                        description="Train a model; digits-lc uses the digits data set and "
@@ -50,7 +49,13 @@ def configure(sub: Any) -> None:
                    help="write the run's timeline (Chrome trace-event JSON: every worker's "
                         "kernels, sends, receives, PS calls) here; draw it with `graphflow "
                         "timeline FILE`")
-    m = t.add_argument_group("model parallelism")
+    _model_parallel_options(t.add_argument_group("model parallelism"))
+    _data_parallel_options(t.add_argument_group("data parallelism (parameter server)"))
+
+
+def _model_parallel_options(m: Any) -> None:
+    from graphflow.partitioners import STRATEGIES
+
     m.add_argument("--parts", type=count, default=1, help="workers to split the model across")
     m.add_argument("--strategy", default="spatial", choices=STRATEGIES,
                    help="placement strategy (default spatial)")
@@ -72,7 +77,9 @@ def configure(sub: Any) -> None:
                    help="a worker silent this long fails the step, naming it (default 60)")
     m.add_argument("--connect-timeout", type=seconds, default=None, metavar="SECONDS",
                    help="--cluster: how long a worker has to answer first (default 10)")
-    d = t.add_argument_group("data parallelism (parameter server)")
+
+
+def _data_parallel_options(d: Any) -> None:
     d.add_argument("--replicas", type=count, default=1,
                    help="model replicas sharing a sharded parameter server (default 1: none)")
     d.add_argument("--ps-shards", type=count, default=2, help="parameter-server shards (2)")
