@@ -323,8 +323,9 @@ def test_a_point_whose_clusters_ran_at_different_speeds_gets_a_note(monkeypatch)
             "cluster_medians_s": [fast, fast * 1.1, fast]}
     monkeypatch.setattr(speedup, "measure_workload",
                         lambda model, args: {"points": [point, even], "predicted": {}})
-    machine = speedup.machine_info  # two cores, whatever runs this: no oversubscription note
-    monkeypatch.setattr(speedup, "machine_info", lambda: {**machine(), "cpu_count": 2})
+    machine = speedup.machine_info  # two cores and AVX-512, whatever runs this: no machine notes
+    monkeypatch.setattr(speedup, "machine_info",
+                        lambda: {**machine(), "cpu_count": 2, "wide_vectors": True})
     args = speedup.parser().parse_args(["--workloads", "digits-lc", "--no-progress"])
     notes = speedup.run(args)["notes"]
     assert notes == ["digits-lc spatial P=2: its clusters ran 70.0 / 91.0 / 70.0 ms a step "
@@ -356,3 +357,13 @@ def test_the_curve_times_its_plans_kernels_single_threaded_first():
     assert [p["workers"] for p in curve] == [1, 4] and all("predicted_s" in p for p in curve)
     four = partition(m.graph, 4, "spatial", loss=m.loss, cost=cost)
     assert set(kernels(four.graph, 8)) <= set(cost.measured)
+
+
+def test_the_notes_say_what_of_the_machine_bears_on_the_figures():
+    from graphflow.bench import machine_notes
+
+    assert machine_notes({"cpu_count": 2, "wide_vectors": True}, 2) == []
+    assert machine_notes({"cpu_count": 2, "wide_vectors": True}, 4) == [
+        "4 workers on 2 cores: oversubscribed"]
+    narrow = machine_notes({"cpu_count": 2, "wide_vectors": False}, 2)
+    assert len(narrow) == 1 and "no AVX-512" in narrow[0] and "pipelining" in narrow[0]

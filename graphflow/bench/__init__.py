@@ -75,6 +75,18 @@ def machine_info() -> dict[str, Any]:
             "threads": {v: os.environ.get(v) for v in BLAS_THREAD_VARS}}
 
 
+def machine_notes(machine: dict[str, Any], workers: int) -> list[str]:
+    """What about this machine (`machine_info`) bears on a multi-worker benchmark's figures."""
+    notes = []
+    if workers > (cores := machine["cpu_count"] or 1):
+        notes.append(f"{workers} workers on {cores} cores: oversubscribed")
+    if not machine.get("wide_vectors", True):
+        notes.append("this CPU has no AVX-512 (ops/simd.py): the dense layers' gemms go to BLAS, "
+                     "which runs micro-batches slower a row than whole batches, so pipelining "
+                     "gains little")
+    return notes
+
+
 def memory_to_spare(reserve: float = 0.25) -> bool:
     """Whether more than `reserve` of this machine's memory is available (Linux's MemAvailable;
     True where it cannot be read): a benchmark starts a point's extra clusters only then (the

@@ -48,6 +48,7 @@ from graphflow.bench import (
     csv_names,
     format_table,
     machine_info,
+    machine_notes,
     single_threaded,
 )
 from graphflow.bench.rounds import (
@@ -212,9 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {k: v for k, v in vars(args).items() if k not in ("json", "png", "trace")},
         "tolerance": TOLERANCE, "workloads": {},
         "notes": []}
-    cores = doc["machine"]["cpu_count"] or 1
-    if max(args.workers) > cores:
-        doc["notes"].append(f"{max(args.workers)} workers on {cores} cores: oversubscribed")
+    doc["notes"] += machine_notes(doc["machine"], max(args.workers))
     doc["settings"]["workloads"] = [model.name for model in args.workloads]
     for model in args.workloads:
         name = model.name
