@@ -45,18 +45,25 @@ def kernels_digest() -> str:
     return digest.hexdigest()[:16]
 
 
+def cpu_identity() -> dict[str, Any]:
+    """The CPU: its model name (/proc/cpuinfo; "AMD EPYC" for any generation of them), LLVM's
+    name for it and whether the gemm kernels' rules take it for AVX-512 (ops/simd.py)."""
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    model = next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "")
+    return {"cpu_model": model or platform.processor(), "cpu_name": get_host_cpu_name(),
+            "wide_vectors": simd.WIDE}
+
+
 def fingerprint() -> str:
     """Identifies this machine, thread setup and kernel code: calibrations are only reused on
     a match."""
     import numba
 
-    info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.exists() else []
-    cpu = next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "")
-    parts = [platform.machine(), cpu or platform.processor(), str(os.cpu_count()),
+    parts = [platform.machine(), *map(str, cpu_identity().values()), str(os.cpu_count()),
              np.__version__, numba.__version__, str(numba.get_num_threads()),
              os.environ.get("OPENBLAS_NUM_THREADS", ""), os.environ.get("OMP_NUM_THREADS", ""),
-             kernels_digest(), get_host_cpu_name(), str(simd.WIDE)]  # ("AMD EPYC": any of them)
+             kernels_digest()]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

@@ -171,10 +171,12 @@ def _trainer(args: argparse.Namespace, model: Model, optimizer: Optimizer,
     if hosts and args.parts > 1 and args.parts != len(hosts):
         raise ValueError(f"--parts {args.parts}, but {args.cluster} lists {len(hosts)} "
                          "workers, one a part (leave --parts out to use them all)")
-    trainer = PartitionedTrainer(
+    timeouts = {k: v for k, v in (("timeout", args.timeout),
+                                  ("connect_timeout", args.connect_timeout)) if v is not None}
+    trainer = PartitionedTrainer(  # (the timeouts not given keep the trainer's defaults)
         model, optimizer, len(hosts) if hosts else args.parts, args.strategy, args.mode,
-        hosts, args.microbatches, args.schedule, timeout=args.timeout or 60.0, batch=batch,
-        check_numerics=args.check_numerics, connect_timeout=args.connect_timeout or 10.0)
+        hosts, args.microbatches, args.schedule, batch=batch,
+        check_numerics=args.check_numerics, **timeouts)
     if idle := trainer.plan.idle_workers():
         print(f"graphflow train: note: worker(s) {', '.join(map(str, idle))} got no nodes "
               f"from the {args.strategy} strategy"

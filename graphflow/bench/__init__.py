@@ -53,23 +53,16 @@ def csv_choices(allowed: Sequence[str]) -> Callable[[str], list[str]]:
 
 
 def machine_info() -> dict[str, Any]:
-    """Host, CPU (its model, LLVM's name for it, whether the gemm kernels' rules take it for
-    AVX-512), core count, load average and library versions, for results files."""
+    """Host, CPU (`timing.cpu_identity`), core count, load average and library versions, for
+    results files."""
     import numba
     import numpy as np
-    from llvmlite.binding import get_host_cpu_name
 
-    from graphflow.ops import simd
+    from graphflow.timing import cpu_identity
 
-    cpu = None
-    info = Path("/proc/cpuinfo")
-    if info.exists():
-        cpu = next((x.split(":", 1)[1].strip() for x in info.read_text().splitlines()
-                    if x.startswith("model name")), None)
     return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "host": platform.node(), "platform": platform.platform(),
-            "python": platform.python_version(), "cpu_model": cpu, "cpu_count": os.cpu_count(),
-            "cpu_name": get_host_cpu_name(), "wide_vectors": simd.WIDE,  # (ops/simd.py)
+            "python": platform.python_version(), **cpu_identity(), "cpu_count": os.cpu_count(),
             "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
             "numpy": np.__version__, "numba": numba.__version__,
             "threads": {v: os.environ.get(v) for v in BLAS_THREAD_VARS}}
