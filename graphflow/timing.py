@@ -1,7 +1,7 @@
 """How the cost model measures this machine: kernels timed on random inputs, the optimizer's
 update rate, messages between two worker processes for their CPU, latency and the rate their
 bytes move at, and the cache that keeps the results per machine, thread setup and kernel code
-(`fingerprint`).
+(`fingerprint`), the messages' per machine (`machine_fingerprint`).
 """
 
 from __future__ import annotations
@@ -53,6 +53,13 @@ def cpu_identity() -> dict[str, Any]:
     model = next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "")
     return {"cpu_model": model or platform.processor(), "cpu_name": get_host_cpu_name(),
             "wide_vectors": simd.WIDE}
+
+
+def machine_fingerprint() -> str:
+    """Identifies this machine alone: what the link between its worker processes is kept by
+    (a message's cost does not change with the BLAS threads or the kernels' code)."""
+    parts = [platform.machine(), *map(str, cpu_identity().values()), str(os.cpu_count())]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 def fingerprint() -> str:

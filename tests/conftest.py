@@ -1,5 +1,6 @@
-"""Shared fixtures: the suite's own kernel-time cache, the gemm kernels' AVX-512 rules on any
-CPU (`wide_vectors`) and the command run in this process (`cli_here`).
+"""Shared fixtures: the suite's own kernel-time cache (and one with no kernel timed), the gemm
+kernels' AVX-512 rules on any CPU (`wide_vectors`) and the command run in this process
+(`cli_here`).
 
 The suite's kernel-time cache is its own, empty at the start: plans and predictions that read
 the machine's cache (~/.cache/graphflow, which every benchmark run rewrites) came out
@@ -23,6 +24,19 @@ def own_kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
         del os.environ["GRAPHFLOW_COSTMODEL"]
     else:
         os.environ["GRAPHFLOW_COSTMODEL"] = before
+
+
+@pytest.fixture
+def no_kernels_timed(own_kernel_cache: Path, tmp_path: Path) -> Path:
+    """A kernel-time cache of this test: the suite's with no kernel timed, its link kept (a
+    test of timing the kernels it lacks need not time messages for 15 s again)."""
+    from graphflow.timing import read_cache, write_cache
+
+    path = tmp_path / "no-kernels.json"
+    entries = read_cache(own_kernel_cache)
+    if entries:
+        write_cache(path, {fp: {**e, "measured": {}} for fp, e in entries.items()})
+    return path
 
 
 @pytest.fixture

@@ -20,14 +20,10 @@ from graphflow.prediction import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _private_costmodel(tmp_path, monkeypatch):
-    """Calibrations go to a file of this test, not the user's cache."""
-    monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(tmp_path / "costmodel.json"))
-
-
 def test_quick_run_writes_points_json_and_png(tmp_path, capsys):
     out_json, out_png = tmp_path / "speedup.json", tmp_path / "speedup.png"
+    with single_threaded():  # (the cache of the bench's thread setup, one a worker)
+        contentions = CostModel.default().contentions
     code = speedup.main(["--quick", "--workloads", "digits-lc", "--mode", "threads",
                          "--workers", "1,2", "--steps", "1", "--no-progress",
                          "--json", str(out_json), "--png", str(out_png)])
@@ -55,8 +51,8 @@ def test_quick_run_writes_points_json_and_png(tmp_path, capsys):
     # the contention `graphflow show` predicts local plans by comes from full runs of worker
     # processes only: not kept from this one
     assert wl["ceiling"]["contention"] >= 1.0
-    with single_threaded():  # (the cache of the bench's thread setup, one a worker)
-        assert CostModel.default().contentions == {}
+    with single_threaded():
+        assert CostModel.default().contentions == contentions
     assert speedup.keeps_contention(speedup.parser().parse_args(["--mode", "processes"]))
     assert not speedup.keeps_contention(speedup.parser().parse_args(["--quick"]))
     # the calibration the predictions used: one retimed sample a kernel signature a round
@@ -187,7 +183,8 @@ def test_quick_run_with_auto_micro_batches_says_which_it_chose(tmp_path, capsys)
     out_json = tmp_path / "speedup.json"
     code = speedup.main(["--quick", "--workloads", "digits-lc", "--mode", "threads",
                          "--strategies", "layerwise", "--microbatches", "auto", "--no-progress",
-                         "--json", str(out_json), "--png", str(tmp_path / "s.png")])
+                         "--cached-calibration", "--json", str(out_json),
+                         "--png", str(tmp_path / "s.png")])
     assert code == 0
     points = json.loads(out_json.read_text())["workloads"]["digits-lc"]["points"]
     piped = next(p for p in points if p["strategy"] == "layerwise+eager")
@@ -258,7 +255,8 @@ def test_a_point_starts_its_extra_clusters_only_with_memory_to_spare(tmp_path, m
     out_json = tmp_path / "speedup.json"
     code = speedup.main(["--quick", "--workloads", "digits-lc", "--mode", "threads",
                          "--strategies", "spatial,layerwise", "--microbatches", "auto",
-                         "--clusters", "3", "--no-progress", "--json", str(out_json),
+                         "--clusters", "3", "--no-progress",
+                         "--cached-calibration", "--json", str(out_json),
                          "--png", str(tmp_path / "s.png")])
     assert code == 0
     points = json.loads(out_json.read_text())["workloads"]["digits-lc"]["points"]

@@ -79,8 +79,7 @@ def test_partitioned_training_and_plan_report():
     assert r.returncode == 1 and "No such file" in r.stderr
 
 
-def test_train_chooses_the_micro_batch_count(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(tmp_path / "costmodel.json"))  # not the user's
+def test_train_chooses_the_micro_batch_count():
     r = run("train", "digits-lc", "--parts", "2", "--strategy", "layerwise", "--microbatches",
             "auto", "--steps", "4", "--batch", "32", "--json", "--no-progress")
     assert r.returncode == 0, r.stderr

@@ -130,6 +130,29 @@ def test_calibration_smoke_and_cache(tmp_path, monkeypatch):
     assert again.node_seconds(n) == cm.node_seconds(n, 8)
 
 
+def test_the_link_is_timed_once_per_machine_whatever_the_thread_setup(tmp_path, monkeypatch):
+    import graphflow.costmodel as costmodel
+
+    monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(tmp_path / "cm.json"))
+    timed = CostModel(measured={"a": [1e-3, "matmul", 2e6, 1e3]}, message_cpu_s=25e-6,
+                      link=Link(9e9, 70e-6, shared=True))
+    timed.save()
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # another thread setup: another entry
+    other = CostModel.default()
+    assert other.measured == {}  # kernels are timed per thread setup
+    assert other.link == timed.link and other.message_cpu_s == 25e-6
+
+    def no_timing(*_):
+        raise AssertionError("the link was timed again")
+    monkeypatch.setattr(costmodel, "time_messages", no_timing)
+    g, _ = chain_graph()
+    CostModel.calibrate(g, batch=4, repeats=1)
+    assert CostModel.default().link == timed.link
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    monkeypatch.setattr(costmodel, "machine_fingerprint", lambda: "another machine")
+    assert not CostModel.default().link_measured()
+
+
 def test_a_worker_process_times_the_kernels_a_driver_ships_it():
     # `graphflow bench speedup` times kernels where its steps run, not in the driver
     from graphflow.costmodel import kernels

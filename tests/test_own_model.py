@@ -167,12 +167,12 @@ def test_train_names_a_model_it_cannot_find(model_file):
     assert r.returncode == 1 and "has no loss" in r.stderr
 
 
-def test_bench_speedup_times_an_own_model(model_file, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(tmp_path / "costmodel.json"))
+def test_bench_speedup_times_an_own_model(model_file, tmp_path, capsys):
     out = tmp_path / "speedup.json"
     code = speedup.main(["--quick", "--workloads", f"{model_file}:build_model", "--mode",
                          "threads", "--strategies", "layerwise", "--microbatches", "1",
-                         "--no-progress", "--json", str(out), "--png", str(tmp_path / "s.png")])
+                         "--no-progress", "--cached-calibration", "--json", str(out),
+                         "--png", str(tmp_path / "s.png")])
     assert code == 0
     points = json.loads(out.read_text())["workloads"]["my_models"]["points"]
     assert [(p["strategy"], p["workers"]) for p in points] == [("(any)", 1), ("layerwise", 2)]
@@ -182,17 +182,18 @@ def test_bench_speedup_times_an_own_model(model_file, tmp_path, monkeypatch, cap
     assert "has no loss" in capsys.readouterr().err
 
 
-def test_show_and_visualize_time_the_kernels_they_predict_by_once(model_file, tmp_path):
+def test_show_and_visualize_time_the_kernels_they_predict_by_once(model_file, tmp_path,
+                                                                   no_kernels_timed):
     from graphflow.costmodel import kernels
     from graphflow.modelspec import load_model
     from graphflow.partitioners import partition
 
-    env = {"GRAPHFLOW_COSTMODEL": str(tmp_path / "cm.json")}
+    env = {"GRAPHFLOW_COSTMODEL": str(no_kernels_timed)}
     r = cli("show", model_file, "--parts", 2, "--strategy", "layerwise", env=env)
     assert r.returncode == 0 and "kernels on this machine" in r.stderr, r.stderr
     _, graph, loss = load_model(str(model_file))
     plan = partition(graph, 2, "layerwise", loss=loss)
-    cached = {sig for entry in json.loads((tmp_path / "cm.json").read_text())["machines"].values()
+    cached = {sig for entry in json.loads(no_kernels_timed.read_text())["machines"].values()
               for sig in entry["measured"]}
     assert set(kernels(plan.graph, 64)) <= cached
     r = cli("visualize", model_file, "--parts", 2, "--strategy", "layerwise", "-o",
