@@ -53,14 +53,12 @@ def test_a_worker_s_time_around_each_kernel_is_added_to_every_kernel_but_not_to_
     assert cm.node_seconds(m.graph["fc2/W"]) == cm.node_seconds(m.graph["x"]) == 0.0
 
 
-def test_time_around_kernels_updates_and_messages_is_measured_positive_and_small():
-    from graphflow.timing import time_dispatch, time_messages, time_update_call
+def test_time_around_kernels_and_updates_is_measured_positive_and_small():
+    from graphflow.timing import time_dispatch, time_update_call
 
     # (bounds that hold on any machine that runs the suite; the figures are in the notes)
     assert 0.0 <= time_dispatch(1) < 1e-3
     assert 0.0 < time_update_call(1) < 1e-3
-    cpu, hop, copy_Bps = time_messages(1)  # between two worker processes
-    assert 0.0 <= cpu < 1e-3 and 1e-6 < hop < 5e-3 and 1e8 < copy_Bps <= 100e9
 
 
 def test_predict_is_fast_on_a_training_graph():
@@ -124,6 +122,9 @@ def test_calibration_smoke_and_cache(tmp_path, monkeypatch):
     assert again.measured == cm.measured and again.link == cm.link
     assert cm.update_Bps > 0 and again.update_Bps == cm.update_Bps
     assert cm.message_cpu_s != CostModel().message_cpu_s  # measured, not the built-in's
+    # between two worker processes (timing.time_messages; bounds that hold on any machine)
+    assert 0.0 <= cm.message_cpu_s < 1e-3 and 1e-6 < cm.link.latency_s < 5e-3
+    assert 1e8 < cm.link.bandwidth_Bps <= 100e9
     assert again.message_cpu_s == cm.message_cpu_s
     assert 0 < cm.update_shared_Bps and again.update_shared_Bps == cm.update_shared_Bps
     n = m.graph["lc2/local2d"]
