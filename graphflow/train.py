@@ -26,6 +26,7 @@ from graphflow.partitioners import partition
 from graphflow.prediction import best_microbatches
 from graphflow.progress import Progress
 from graphflow.runtime.cluster import Cluster
+from graphflow.runtime.clusterfile import CONNECT_TIMEOUT
 from graphflow.trace import driver_span, recording
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ class PartitionedTrainer(Trainer):
                  hosts: list[str] | None = None, microbatches: int | Literal["auto"] = 1,
                  schedule: str = "eager", timeout: float = 60.0,
                  batch: int | None = None, check_numerics: bool = False,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
         self.model, self.optimizer = model, optimizer
         self.session = Session(model.graph)
         self.plan = partition(model.graph, parts, strategy, loss=model.loss)

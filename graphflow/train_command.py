@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from graphflow.argtypes import count, microbatch_count, non_negative, seconds
+from graphflow.runtime.clusterfile import CONNECT_TIMEOUT
 from graphflow.runtime.pipeline import SCHEDULES
 
 if TYPE_CHECKING:
@@ -76,7 +77,8 @@ def _model_parallel_options(m: Any) -> None:
     m.add_argument("--timeout", type=seconds, default=None, metavar="SECONDS",
                    help="a worker silent this long fails the step, naming it (default 60)")
     m.add_argument("--connect-timeout", type=seconds, default=None, metavar="SECONDS",
-                   help="--cluster: how long a worker has to answer first (default 10)")
+                   help="--cluster: how long a worker has to answer first "
+                        f"(default {CONNECT_TIMEOUT:g})")
 
 
 def _data_parallel_options(d: Any) -> None:

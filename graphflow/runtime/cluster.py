@@ -41,7 +41,7 @@ from graphflow.lifetime import how_it_ended, log_tail
 from graphflow.partitioners.plan import Plan
 from graphflow.runtime import pipeline
 from graphflow.runtime.calls import WorkerCalls, WorkerFailed
-from graphflow.runtime.clusterfile import check_hosts, read_cluster_file
+from graphflow.runtime.clusterfile import CONNECT_TIMEOUT, check_hosts, read_cluster_file
 from graphflow.runtime.cores import BLAS_LIMIT, pinned_cores, start_worker_process
 from graphflow.runtime.heap import keep_freed_memory
 from graphflow.runtime.inflight import FeedBuffers, SentStep
@@ -85,7 +85,7 @@ class Cluster:
                  optimizer: Mapping[str, Any] | None = None, timeout: float = 30.0,
                  microbatches: int = 1, schedule: str = "eager",
                  local_workers: int | None = None, pin: bool | None = None,
-                 connect_timeout: float = 10.0, check_numerics: bool = False) -> None:
+                 connect_timeout: float = CONNECT_TIMEOUT, check_numerics: bool = False) -> None:
         if mode not in ("threads", "processes", "remote"):
             raise ValueError(f"unknown mode '{mode}': threads, processes or remote")
         if hosts is not None:

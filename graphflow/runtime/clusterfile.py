@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 FORM = "tcp://HOST:PORT"
+CONNECT_TIMEOUT = 10.0  # seconds a remote worker has to answer a driver's first call
 
 
 def address_problem(address: object) -> str | None:
