@@ -9,6 +9,9 @@
 (None, 2)
 """
 
+import importlib
+from typing import Any
+
 from graphflow import datasets, layers, models, optim
 from graphflow import ops as _ops  # noqa: F401  (registers every op)
 from graphflow.autodiff import gradients
@@ -46,10 +49,7 @@ from graphflow.ops.norm import lrn
 from graphflow.ops.pool import avg_pool2d, max_pool2d
 from graphflow.ops.reduce import reduce_max, reduce_mean, reduce_sum
 from graphflow.ops.shape import concat, flatten, pad, reshape, slice_, transpose
-from graphflow.partitioners import Plan, partition
 from graphflow.runtime import Cluster
-from graphflow.train import Trainer
-from graphflow.viz import visualize
 
 __all__ = [
     "Cluster", "CycleError", "DTypeError", "Graph", "GraphError", "GraphflowError",
@@ -61,3 +61,14 @@ __all__ = [
     "reshape", "sigmoid", "slice_", "softmax", "softmax_cross_entropy", "sqrt", "square", "sub",
     "tanh", "transpose", "visualize",
 ]
+
+# The driver's parts, imported on first use: a worker process needs none of them (0.1 s)
+_LAZY = {"Plan": "graphflow.partitioners", "partition": "graphflow.partitioners",
+         "Trainer": "graphflow.train", "visualize": "graphflow.viz"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'graphflow' has no attribute '{name}'")
+    value = globals()[name] = getattr(importlib.import_module(_LAZY[name]), name)
+    return value

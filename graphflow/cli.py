@@ -40,6 +40,27 @@ def _version() -> str:
         return "unknown"
 
 
+WORKER = {"description": "Serve one graphflow worker: a driver (graphflow train --cluster FILE) "
+                          "ships it a subgraph and runs steps on it. When the driver is done "
+                          "(or fails) the worker forgets its run and waits for the next driver; "
+                          "a driver that died is replaced by the next one to attach.",
+          "epilog": "example: graphflow worker --listen tcp://10.0.0.2:5555"}
+
+
+def _worker_arguments(w: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    w.add_argument("--listen", required=True,
+                   help="control address: tcp://HOST:PORT (or ipc:///PATH)")
+    w.add_argument("--exit-with-parent", type=count, default=None, metavar="PID",
+                   help="exit once process PID has ended (a driver names itself for the "
+                        "workers it starts)")
+    w.add_argument("--cpu", type=non_negative, default=None, metavar="N",
+                   help="run on CPU N only (a local driver gives each of its workers a core)")
+    w.add_argument("--once", action="store_true",
+                   help="exit when the first driver is done with this worker, instead of "
+                        "waiting for the next one")
+    return w
+
+
 def _parser() -> argparse.ArgumentParser:
     from graphflow.partitioners import STRATEGIES
     from graphflow.prediction import add_estimate_option
@@ -81,23 +102,8 @@ def _parser() -> argparse.ArgumentParser:
                         "ps: parameter-server pushes per second; sync: PS vs allreduce")
     b.add_argument("args", nargs=argparse.REMAINDER, help="the suite's own options")
 
-    w = sub.add_parser("worker", help="serve one worker for a driver on another machine",
-                       description="Serve one graphflow worker: a driver (graphflow train "
-                                   "--cluster FILE) ships it a subgraph and runs steps on it. "
-                                   "When the driver is done (or fails) the worker forgets its "
-                                   "run and waits for the next driver; a driver that died is "
-                                   "replaced by the next one to attach.",
-                       epilog="example: graphflow worker --listen tcp://10.0.0.2:5555")
-    w.add_argument("--listen", required=True,
-                   help="control address: tcp://HOST:PORT (or ipc:///PATH)")
-    w.add_argument("--exit-with-parent", type=count, default=None, metavar="PID",
-                   help="exit once process PID has ended (a driver names itself for the "
-                        "workers it starts)")
-    w.add_argument("--cpu", type=non_negative, default=None, metavar="N",
-                   help="run on CPU N only (a local driver gives each of its workers a core)")
-    w.add_argument("--once", action="store_true",
-                   help="exit when the first driver is done with this worker, instead of "
-                        "waiting for the next one")
+    _worker_arguments(sub.add_parser(
+        "worker", help="serve one worker for a driver on another machine", **WORKER))
 
     ps = sub.add_parser("ps", help="serve one parameter-server shard",
                         description="Serve one parameter-server shard (normally the replica "
@@ -198,7 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from graphflow.ps.__main__ import main as ps
 
         return int(ps(argv[1:], prog="graphflow ps"))
-    args = _parser().parse_args(argv)
+    if argv[:1] == ["worker"]:  # its own parser: a worker starts without the driver's imports
+        worker = argparse.ArgumentParser(prog="graphflow worker", **WORKER)
+        args = _worker_arguments(worker).parse_args(argv[1:])
+        args.command = "worker"
+    else:
+        args = _parser().parse_args(argv)
     if args.command == "train" and (conflict := train_command.conflict(args)):
         print(f"graphflow train: error: {conflict}", file=sys.stderr)
         return 2

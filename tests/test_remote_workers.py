@@ -18,7 +18,7 @@ import pytest
 
 import graphflow as gf
 from graphflow.runtime import Cluster, WorkerFailed
-from graphflow.runtime.cluster import reply_grace
+from graphflow.runtime.calls import reply_grace
 from graphflow.runtime.clusterfile import read_cluster_file
 
 START_TIMEOUT = 60.0  # s for a worker process to listen

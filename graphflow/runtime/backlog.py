@@ -23,7 +23,6 @@ weight gemm took 3.5-4.7 ms, at 64 about 7).
 
 from __future__ import annotations
 
-import networkx as nx
 import numpy as np
 
 from graphflow.ir import Node
@@ -71,6 +70,8 @@ class Backlog:
 def weight_groups(weights: list[Node]) -> list[list[Node]]:
     """`weights` (in run order) cut into the groups that share no node: each ends in its own
     gradients. A group keeps its nodes' order; groups come in the order of their first node."""
+    import networkx as nx  # (only pipelined workers need it: the others start without)
+
     members = set(weights)
     linked = nx.Graph()
     linked.add_nodes_from(weights)

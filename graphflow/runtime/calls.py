@@ -27,6 +27,11 @@ class WorkerFailed(GraphflowError):
         self.worker, self.silent = worker, silent  # silent: it did not answer at all
 
 
+def reply_grace(timeout: float) -> float:
+    """Seconds the driver waits for a reply beyond the workers' own `timeout`."""
+    return max(1.0, 0.2 * timeout)
+
+
 def _nothing(i: int) -> str:
     return ""
 

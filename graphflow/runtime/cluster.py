@@ -29,7 +29,7 @@ import uuid
 import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import numpy as np
@@ -38,9 +38,8 @@ import zmq
 from graphflow.errors import GraphflowError
 from graphflow.init import block_of
 from graphflow.lifetime import how_it_ended, log_tail
-from graphflow.partitioners.plan import Plan
 from graphflow.runtime import pipeline
-from graphflow.runtime.calls import WorkerCalls, WorkerFailed
+from graphflow.runtime.calls import WorkerCalls, WorkerFailed, reply_grace
 from graphflow.runtime.clusterfile import CONNECT_TIMEOUT, check_hosts, read_cluster_file
 from graphflow.runtime.cores import BLAS_LIMIT, pinned_cores, start_worker_process
 from graphflow.runtime.heap import keep_freed_memory
@@ -52,10 +51,8 @@ from graphflow.trace import session as tracing
 from graphflow.trace.recorder import clock
 from graphflow.transport.rpc import RpcClient
 
-
-def reply_grace(timeout: float) -> float:
-    """Seconds the driver waits for a reply beyond the workers' own `timeout`."""
-    return max(1.0, 0.2 * timeout)
+if TYPE_CHECKING:  # (a worker process starts without the partitioners)
+    from graphflow.partitioners.plan import Plan
 
 
 def _reap(procs: list[subprocess.Popen[bytes]], tmp: str | None, feeds: FeedBuffers) -> None:
