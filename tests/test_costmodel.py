@@ -106,8 +106,12 @@ def test_local_plans_are_predicted_with_the_contention_the_bench_measured(tmp_pa
     assert CostModel.default().contentions == {"lc-large": 1.5, "speech-mlp": 1.3, "mine": 1.2}
 
 
-def test_calibration_smoke_and_cache(tmp_path, monkeypatch):
-    path = tmp_path / "cm.json"
+def test_calibration_smoke_and_cache(no_kernels_timed, monkeypatch):
+    # (the suite's link comes along where the suite has timed it: time_messages ran once, in
+    # this process or another, and its figures are asserted here; run alone, it runs here)
+    from graphflow.timing import fingerprint
+
+    path = no_kernels_timed
     monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(path))
     m = gf.models.digits_lc()
     gf.gradients(m.loss, m.graph.parameters())
@@ -117,7 +121,7 @@ def test_calibration_smoke_and_cache(tmp_path, monkeypatch):
     assert all(cm.node_seconds(n, 8) > 0 for n in computed)
     assert cm.link.bandwidth_Bps > 0 and cm.link.latency_s > 0
     assert all(rate > 0 for rate in cm.flop_rates.values()) and cm.bandwidth_Bps > 0
-    assert len(json.loads(path.read_text())["machines"]) == 1
+    assert fingerprint() in json.loads(path.read_text())["machines"]
     again = CostModel.default(batch=8)
     assert again.measured == cm.measured and again.link == cm.link
     assert cm.update_Bps > 0 and again.update_Bps == cm.update_Bps
