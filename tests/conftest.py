@@ -14,6 +14,18 @@ from pathlib import Path
 import pytest
 
 
+# Modules whose tests run the kernels in this process come first: each kernel is compiled
+# once, here, into Numba's disk cache, before tests of several worker processes, each of which
+# would compile it at the same time (a clean checkout's suite ran N s longer than a warm one)
+KERNELS_FIRST = ("test_ops.py", "test_layers.py", "test_models.py", "test_gradients_again.py",
+                 "test_model_parallel.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(KERNELS_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (stable: else as found)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def own_kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("costmodel") / "costmodel.json"
