@@ -27,6 +27,19 @@ def test_help_and_usage_errors(cli_here):
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
 
+def test_a_worker_process_starts_without_the_drivers_parts(cli_here):
+    # (partitioners, networkx, pymetis, plots: 0.4 s of every local worker's start-up)
+    driver_only = ("networkx", "pymetis", "matplotlib", "graphflow.partitioners",
+                   "graphflow.viz", "graphflow.train", "graphflow.bench")
+    code = ("import sys; from graphflow import cli; from graphflow.runtime.service import serve; "
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {driver_only!r} "
+            f"or '.'.join(m.split('.')[:2]) in {driver_only!r}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-500:])
+    code, _, err = cli_here("worker", "--cpu", "0")  # (its own parser, the same errors)
+    assert code == 2 and "graphflow worker: error:" in err and "--listen" in err
+
+
 def test_bad_counts_are_usage_errors(cli_here):
     # --steps 0 used to run the default 1500 steps, --parts -1 one process, --steps -3 crashed
     for args, expected in ((("train", "--steps", "0"), "argument --steps: must be >= 1, got 0"),
