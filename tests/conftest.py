@@ -1,6 +1,6 @@
 """Shared fixtures: the suite's own kernel-time cache (and one with no kernel timed), the gemm
 kernels' AVX-512 rules on any CPU (`wide_vectors`) and the command run in this process
-(`cli_here`).
+(`cli_here`); the kernels compiled beside a whole suite's run, kernel tests first.
 
 The suite's kernel-time cache is its own, empty at the start: plans and predictions that read
 the machine's cache (~/.cache/graphflow, which every benchmark run rewrites) came out
@@ -8,22 +8,39 @@ differently after a run of `graphflow bench speedup` (the spatial rows of lc-lar
 which reductions a worker recomputes). Worker processes the tests start inherit it."""
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-
-# Modules whose tests run the kernels in this process come first: each kernel is compiled
-# once, here, into Numba's disk cache, before tests of several worker processes, each of which
-# would compile it at the same time (a clean checkout's suite ran N s longer than a warm one)
+# On a clean checkout Numba compiles every kernel once (190 s of a 630 s suite here). Modules
+# whose tests run the kernels in this process come first, and a process of the lowest priority
+# compiles them beside the tests (tests/warm_kernels.py) on the core they leave idle: worker
+# processes then load them from the cache, where two of them had compiled one at once.
 KERNELS_FIRST = ("test_ops.py", "test_layers.py", "test_models.py", "test_gradients_again.py",
                  "test_model_parallel.py")
+WARM_FROM = 200  # tests in the session (fewer: a run of some files, too short to gain)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(KERNELS_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (stable: else as found)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def kernels_compiled_beside(request: pytest.FixtureRequest, own_kernel_cache: Path
+                            ) -> Iterator[None]:
+    if len(request.session.items) < WARM_FROM:
+        yield
+        return
+    root = Path(__file__).resolve().parent.parent
+    warm = subprocess.Popen([sys.executable, "-m", "tests.warm_kernels"], cwd=root,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    yield
+    warm.kill()
+    warm.wait()
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -8,6 +8,8 @@ from graphflow.ops.registry import REGISTRY, apply
 from tests.cases import OpCase, all_cases
 
 CASES = all_cases()
+
+
 def test_every_registered_op_has_a_case():
     # Ops without a kernel (placeholder, parameter, constant, send, recv) are the executor's.
     with_kernel = {name for name, op in REGISTRY.items() if op.forward is not None}
