@@ -23,8 +23,8 @@ def test_help_and_usage_errors(cli_here):
         assert code == 0 and "example:" in out, (command, out[-300:])
     code, out, _ = cli_here("--version")
     assert code == 0 and out.startswith("graphflow ")
-    r = run("train", "--optimizer", "no-such-optimizer")
-    assert r.returncode == 2 and "invalid choice" in r.stderr
+    code, _, err = cli_here("train", "--optimizer", "no-such-optimizer")
+    assert code == 2 and "invalid choice" in err
 
 
 def test_a_worker_process_starts_without_the_drivers_parts(cli_here):
@@ -72,24 +72,25 @@ def test_speech_mlp_defaults_learn():
     assert json.loads(r.stdout)["final_loss"] < 8.0
 
 
-def test_partitioned_training_and_plan_report():
+def test_partitioned_training_and_plan_report(cli_here):
     r = run("train", "digits-lc", "--parts", "2", "--steps", "30", "--json", "--no-progress")
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     assert result["test_accuracy"] > 0.3 and result["final_loss"] > 0
-    r = run("show", "lc-large", "--parts", "2", "--strategy", "spatial")
-    assert r.returncode == 0 and "predicted step" in r.stdout and "plan: spatial" in r.stdout
-    r = run("show", "digits-lc", "--parts", "2", "--strategy", "all")
-    assert r.returncode == 0 and all(s in r.stdout for s in ("spatial", "layerwise", "mincut"))
+    code, out, _ = cli_here("show", "lc-large", "--parts", "2", "--strategy", "spatial")
+    assert code == 0 and "predicted step" in out and "plan: spatial" in out
+    code, out, _ = cli_here("show", "digits-lc", "--parts", "2", "--strategy", "all")
+    assert code == 0 and all(s in out for s in ("spatial", "layerwise", "mincut"))
     cut = {}  # the plan's figures are at --batch (they were at the model's default 64)
     for batch in (64, 128):
-        r = run("show", "speech-mlp", "--parts", "2", "--strategy", "layerwise",
-                "--batch", str(batch))
-        assert r.returncode == 0, r.stderr
-        cut[batch] = float(re.search(r"transfers of ([\d.]+) MB", r.stdout).group(1))
+        code, out, err = cli_here("show", "speech-mlp", "--parts", "2", "--strategy",
+                                  "layerwise", "--batch", batch)
+        assert code == 0, err
+        cut[batch] = float(re.search(r"transfers of ([\d.]+) MB", out).group(1))
     assert cut[128] == pytest.approx(2 * cut[64], rel=0.01)
-    r = run("train", "digits-lc", "--cluster", "/no/such/file.toml", "--no-progress")
-    assert r.returncode == 1 and "No such file" in r.stderr
+    code, _, err = cli_here("train", "digits-lc", "--cluster", "/no/such/file.toml",
+                            "--no-progress")
+    assert code == 1 and "No such file" in err
 
 
 def test_train_chooses_the_micro_batch_count():
