@@ -161,6 +161,7 @@ def test_the_link_is_timed_once_per_machine_whatever_the_thread_setup(tmp_path, 
 def test_a_refreshed_calibration_times_everything_again(tmp_path, monkeypatch):
     # (`graphflow bench speedup` refreshes, unless --cached-calibration)
     import graphflow.costmodel as costmodel
+    from graphflow.bench import speedup
 
     monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(tmp_path / "cm.json"))
     timed = []
@@ -181,13 +182,7 @@ def test_a_refreshed_calibration_times_everything_again(tmp_path, monkeypatch):
     CostModel.calibrate(g, batch=4, repeats=1, refresh=True)
     assert sorted(timed) == ["time_dispatch", "time_messages", "time_nodes", "time_update",
                              "time_update", "time_update_call"]
-    assert speedup_refreshes()
-
-
-def speedup_refreshes() -> bool:
-    from graphflow.bench import speedup
-
-    return not speedup.parser().parse_args([]).cached_calibration
+    assert not speedup.parser().parse_args([]).cached_calibration  # the bench's default
 
 
 def test_a_worker_process_times_the_kernels_a_driver_ships_it():
