@@ -45,21 +45,32 @@ def kernels_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def cpu_identity() -> dict[str, Any]:
-    """The CPU: its model name (/proc/cpuinfo; "AMD EPYC" for any generation of them), LLVM's
-    name for it and whether the gemm kernels' rules take it for AVX-512 (ops/simd.py)."""
+@functools.cache
+def _cpu_model() -> str:
     info = Path("/proc/cpuinfo")
     lines = info.read_text().splitlines() if info.exists() else []
     model = next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "")
-    return {"cpu_model": model or platform.processor(), "cpu_name": get_host_cpu_name(),
-            "wide_vectors": simd.WIDE}
+    return model or platform.processor()
+
+
+def cpu_identity() -> dict[str, Any]:
+    """The CPU: its model name (/proc/cpuinfo; "AMD EPYC" for any generation of them), LLVM's
+    name for it and whether the gemm kernels' rules take it for AVX-512 (ops/simd.py)."""
+    return {"cpu_model": _cpu_model(), "cpu_name": get_host_cpu_name(), "wide_vectors": simd.WIDE}
+
+
+def _machine_parts() -> list[str]:
+    return [platform.machine(), *map(str, cpu_identity().values()), str(os.cpu_count())]
+
+
+def _digest(parts: Sequence[str]) -> str:
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 def machine_fingerprint() -> str:
     """Identifies this machine alone: what the link between its worker processes is kept by
     (a message's cost does not change with the BLAS threads or the kernels' code)."""
-    parts = [platform.machine(), *map(str, cpu_identity().values()), str(os.cpu_count())]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+    return _digest(_machine_parts())
 
 
 def fingerprint() -> str:
@@ -67,11 +78,9 @@ def fingerprint() -> str:
     a match."""
     import numba
 
-    parts = [platform.machine(), *map(str, cpu_identity().values()), str(os.cpu_count()),
-             np.__version__, numba.__version__, str(numba.get_num_threads()),
-             os.environ.get("OPENBLAS_NUM_THREADS", ""), os.environ.get("OMP_NUM_THREADS", ""),
-             kernels_digest()]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+    return _digest([*_machine_parts(), np.__version__, numba.__version__,
+                    str(numba.get_num_threads()), os.environ.get("OPENBLAS_NUM_THREADS", ""),
+                    os.environ.get("OMP_NUM_THREADS", ""), kernels_digest()])
 
 
 def cache_path() -> Path:

@@ -12,8 +12,9 @@ import numpy as np
 
 import graphflow as gf
 from graphflow.datasets import synthetic_for
-from graphflow.ops.registry import REGISTRY, apply
+from graphflow.ops.registry import REGISTRY
 from tests.cases import OpCase, all_cases
+from tests.test_ops import _build, _feeds
 
 STRATEGIES = (("spatial", 1), ("layerwise", 1), ("layerwise", 2), ("mincut", 1))
 
@@ -29,17 +30,15 @@ def op_cases() -> None:
 
 
 def op_case(case: OpCase, inputs: list[np.ndarray], dtype: str) -> None:
-    """The case's forward and, where its op has a gradient rule, its gradients."""
-    with gf.Graph(dtype=dtype) as g:
-        phs = [gf.placeholder(f"in{i}", x.shape, dtype if x.dtype.kind == "f" else x.dtype.name)
-               for i, x in enumerate(inputs)]
-        out = apply(case.op, *phs, **case.attrs)
-        wrt = [p for i, (p, x) in enumerate(zip(phs, inputs, strict=True))
-               if x.dtype.kind == "f" and i not in case.no_grad]
+    """The case's forward and, where its op has a gradient rule, its gradients (test_ops.py's
+    graph of the case)."""
+    g, phs, out = _build(case, dtype, inputs)
+    wrt = [p for i, (p, x) in enumerate(zip(phs, inputs, strict=True))
+           if x.dtype.kind == "f" and i not in case.no_grad]
+    with g:
         dy = gf.placeholder("dy", out.shape, dtype)
         grads = gf.gradients(out, wrt, dy=dy) if REGISTRY[case.op].grad and wrt else {}
-    feeds = {p: x.astype(dtype) if x.dtype.kind == "f" else x
-             for p, x in zip(phs, inputs, strict=True)}
+    feeds = _feeds(phs, inputs, dtype)
     gf.Session(g).run([out, *grads.values()], {**feeds, dy: np.ones(out.shape, dtype)})
 
 
