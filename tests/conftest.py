@@ -1,16 +1,19 @@
 """Shared fixtures: the suite's own kernel-time cache (and one with no kernel timed), the gemm
 kernels' AVX-512 rules on any CPU (`wide_vectors`) and the command run in this process
-(`cli_here`); the kernels compiled beside a whole suite's run, kernel tests first.
+(`cli_here`); the kernels compiled beside a whole suite's run, kernel tests first; under
+pytest-xdist, tests marked `alone` with no other test beside them.
 
 The suite's kernel-time cache is its own, empty at the start: plans and predictions that read
 the machine's cache (~/.cache/graphflow, which every benchmark run rewrites) came out
 differently after a run of `graphflow bench speedup` (the spatial rows of lc-large, then
 which reductions a worker recomputes). Worker processes the tests start inherit it."""
 
+import fcntl
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,39 @@ import pytest
 KERNELS_FIRST = ("test_ops.py", "test_layers.py", "test_models.py", "test_gradients_again.py",
                  "test_model_parallel.py")
 WARM_FROM = 200  # tests in the session (fewer: a run of some files, too short to gain)
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... under pytest -n
+
+
+def pytest_xdist_auto_num_workers() -> int:
+    """`-n auto`: a test process a core, up to 4 (tests start clusters of up to 4 worker
+    processes of their own)."""
+    return max(1, min(len(os.sched_getaffinity(0)), 4))
+
+
+@pytest.fixture(autouse=True)
+def cores_shared(request: pytest.FixtureRequest,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A test marked `alone` runs while no other test process runs one: its checks time
+    something against the machine (a trace's spans against the step's time)."""
+    if XDIST_WORKER is None:
+        yield
+        return
+    alone = request.node.get_closest_marker("alone") is not None
+    with _holding_the_cores(tmp_path_factory.getbasetemp().parent, alone):
+        yield
+
+
+@contextmanager
+def _holding_the_cores(shared: Path, alone: bool) -> Iterator[None]:
+    """A readers-writer lock between the test processes (files in their shared temp folder):
+    tests hold it shared, `alone` tests exclusively. Each passes a turnstile first, so a test
+    waiting to run alone goes next instead of waiting for a moment when nothing runs."""
+    with open(shared / "turnstile.lock", "a") as turnstile, \
+            open(shared / "cores.lock", "a") as cores:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(cores, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield  # (closing the files lets go)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -32,8 +68,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(autouse=True, scope="session")
 def kernels_compiled_beside(request: pytest.FixtureRequest, own_kernel_cache: Path
                             ) -> Iterator[None]:
-    if len(request.session.items) < WARM_FROM:
-        yield
+    if len(request.session.items) < WARM_FROM or XDIST_WORKER:
+        yield  # (under xdist, no core is left idle: it only slowed the tests, 3 failed)
         return
     root = Path(__file__).resolve().parent.parent
     warm = subprocess.Popen([sys.executable, "-m", "tests.warm_kernels"], cwd=root,

@@ -126,8 +126,9 @@ def test_calibration_smoke_and_cache(no_kernels_timed, monkeypatch):
     assert again.measured == cm.measured and again.link == cm.link
     assert cm.update_Bps > 0 and again.update_Bps == cm.update_Bps
     assert cm.message_cpu_s != CostModel().message_cpu_s  # measured, not the built-in's
-    # between two worker processes (timing.time_messages; bounds that hold on any machine)
-    assert 0.0 <= cm.message_cpu_s < 1e-3 and 1e-6 < cm.link.latency_s < 5e-3
+    # between two worker processes (timing.time_messages; bounds that hold on any machine, a
+    # loaded one too: a message's CPU came to 1.6 ms beside two other busy processes)
+    assert 0.0 <= cm.message_cpu_s < 1e-2 and 1e-6 < cm.link.latency_s < 2e-2
     assert 1e8 < cm.link.bandwidth_Bps <= 100e9
     assert again.message_cpu_s == cm.message_cpu_s
     assert 0 < cm.update_shared_Bps and again.update_shared_Bps == cm.update_shared_Bps

@@ -42,6 +42,7 @@ def traced_steps(cluster, batch, path, steps):
     return windows
 
 
+@pytest.mark.alone  # the spans against the step's time, within 10%
 @pytest.mark.parametrize("mode", ["threads", "processes"])
 def test_lc_large_two_workers_trace_covers_the_step(mode, tmp_path):
     model = gf.models.lc_large(batch=None)
