@@ -10,6 +10,7 @@
 """
 
 import importlib
+import importlib.util
 from typing import Any
 
 from graphflow import datasets, layers, models, optim
@@ -63,13 +64,17 @@ __all__ = [
 ]
 
 # The driver's parts, imported on first use: a worker process needs none of them (with
-# networkx, which they import, 0.4 s of its start)
+# networkx, which they import, 0.4 s of its start); so are submodules (`gf.train.Trainer`)
 _LAZY = {"Plan": "graphflow.partitioners", "partition": "graphflow.partitioners",
          "Trainer": "graphflow.train", "visualize": "graphflow.viz"}
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
         raise AttributeError(f"module 'graphflow' has no attribute '{name}'")
-    value = globals()[name] = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
     return value

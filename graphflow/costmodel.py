@@ -35,7 +35,7 @@ from graphflow.timing import (
     time_nodes,
     time_update,
     time_update_call,
-    write_cache,
+    update_cache,
 )
 
 __all__ = ["LOCAL_OPS", "CostModel", "Link", "Prediction", "Transfer", "kernels",
@@ -43,6 +43,7 @@ __all__ = ["LOCAL_OPS", "CostModel", "Link", "Prediction", "Transfer", "kernels"
 BUILTIN = {"flop_rates": {"*": 60e9}, "bandwidth_Bps": 5e9, "overhead_s": 2e-6,
            "update_Bps": 20e9, "update_shared_Bps": 12e9, "dispatch_s": 3e-6,
            "update_call_s": 3e-6, "message_cpu_s": 30e-6}
+MEASURED_RATES = ("update_Bps", "update_shared_Bps", "dispatch_s", "update_call_s")
 
 
 RATE_MIN = 10  # a kernel shows its rate once it runs this many times the per-kernel overhead
@@ -243,26 +244,29 @@ class CostModel:
         return self.link
 
     def save(self, path: Path | None = None) -> Path:
-        """Write this calibration under this machine's fingerprint (atomic replace); a kernel
-        timed before keeps the faster time (a busy machine only slows kernels), others stay."""
+        """Write this calibration under this machine's fingerprint (atomic, under the cache's
+        lock); a kernel timed before keeps the faster time (a busy machine only slows kernels),
+        others stay, and a built-in guess leaves what was measured in place."""
         path = path or cache_path()
-        data = read_cache(path)
-        before = data.get(fingerprint(), {})
+        update_cache(path, lambda machines: machines.update(
+            {fingerprint(): self._merged_entry(machines.get(fingerprint(), {}))}))
+        return path
+
+    def _merged_entry(self, before: Mapping[str, Any]) -> dict[str, Any]:
         merged = CostModel(measured=before.get("measured"))
         merged.measured.update({sig: list(v) for sig, v in self.measured.items()
                                 if v[0] < merged.measured.get(sig, [float("inf")])[0]})
         merged._fit()
-        data[fingerprint()] = {
-            "measured": merged.measured, "flop_rates": merged.flop_rates,
-            "bandwidth_Bps": merged.bandwidth_Bps, "overhead_s": merged.overhead_s,
-            "update_Bps": self.update_Bps, "update_shared_Bps": self.update_shared_Bps,
-            "dispatch_s": self.dispatch_s, "update_call_s": self.update_call_s,
-            "message_cpu_s": self.message_cpu_s,
-            "contentions": {**before.get("contentions", {}), **self.contentions},
-            "link": [self.link.bandwidth_Bps, self.link.latency_s, self.link.shared],
-            "machine": machine_fingerprint()}
-        write_cache(path, data)
-        return path
+        entry = {**before, "measured": merged.measured, "flop_rates": merged.flop_rates,
+                 "bandwidth_Bps": merged.bandwidth_Bps, "overhead_s": merged.overhead_s,
+                 "contentions": {**before.get("contentions", {}), **self.contentions},
+                 "machine": machine_fingerprint()}
+        entry.update({k: getattr(self, k) for k in MEASURED_RATES
+                      if getattr(self, k) != BUILTIN[k] or k not in before})
+        if self.link_measured() or "link" not in before:
+            entry.update(message_cpu_s=self.message_cpu_s, link=[
+                self.link.bandwidth_Bps, self.link.latency_s, self.link.shared])
+        return entry
 
     def _fit(self) -> None:
         """Refit overhead (the shortest kernel), memory bandwidth (median of memory-bound

@@ -6,6 +6,7 @@ bytes move at, and the cache that keeps the results per machine, thread setup an
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import json
@@ -14,7 +15,7 @@ import platform
 import statistics
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,18 @@ def write_cache(path: Path, machines: Mapping[str, Any]) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump({"version": 1, "machines": dict(machines)}, f)
     os.replace(tmp, path)
+
+
+def update_cache(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """Read the cache, `change` it in place and write it, holding its lock (a file beside it):
+    of two processes calibrating at once (a benchmark and `graphflow show`, or two test
+    processes) each keeps the other's results, where the later write dropped the earlier's."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (let go when the file closes)
+        machines = read_cache(path)
+        change(machines)
+        write_cache(path, machines)
 
 
 def read_cache(path: Path) -> dict[str, Any]:

@@ -3,10 +3,11 @@ kernels' AVX-512 rules on any CPU (`wide_vectors`) and the command run in this p
 (`cli_here`); the kernels compiled beside a whole suite's run, kernel tests first; under
 pytest-xdist, tests marked `alone` with no other test beside them.
 
-The suite's kernel-time cache is its own, empty at the start: plans and predictions that read
-the machine's cache (~/.cache/graphflow, which every benchmark run rewrites) came out
-differently after a run of `graphflow bench speedup` (the spatial rows of lc-large, then
-which reductions a worker recomputes). Worker processes the tests start inherit it."""
+The suite's kernel-time cache is its own (one for all its test processes), empty at the
+start: plans and predictions that read the machine's cache (~/.cache/graphflow, which every
+benchmark run rewrites) came out differently after a run of `graphflow bench speedup` (the
+spatial rows of lc-large, then which reductions a worker recomputes). Worker processes the
+tests start inherit it."""
 
 import fcntl
 import os
@@ -81,7 +82,10 @@ def kernels_compiled_beside(request: pytest.FixtureRequest, own_kernel_cache: Pa
 
 @pytest.fixture(autouse=True, scope="session")
 def own_kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("costmodel") / "costmodel.json"
+    # (one for all test processes under xdist: a link or a kernel timed by one serves all)
+    folder = tmp_path_factory.getbasetemp().parent if XDIST_WORKER else \
+        tmp_path_factory.mktemp("costmodel")
+    path = folder / "costmodel.json"
     before = os.environ.get("GRAPHFLOW_COSTMODEL")
     os.environ["GRAPHFLOW_COSTMODEL"] = str(path)
     yield path

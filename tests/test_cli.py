@@ -40,6 +40,14 @@ def test_a_worker_process_starts_without_the_drivers_parts(cli_here):
     assert code == 2 and "graphflow worker: error:" in err and "--listen" in err
 
 
+def test_the_driver_s_parts_and_submodules_come_on_first_use():
+    code = ("import graphflow as gf; print(gf.train.PartitionedTrainer.__name__, "
+            "gf.viz.__name__, gf.partition.__name__, gf.Trainer.__name__); gf.no_such_part")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == ["PartitionedTrainer", "graphflow.viz", "partition", "Trainer"]
+    assert "module 'graphflow' has no attribute 'no_such_part'" in r.stderr
+
+
 def test_bad_counts_are_usage_errors(cli_here):
     # --steps 0 used to run the default 1500 steps, --parts -1 one process, --steps -3 crashed
     for args, expected in ((("train", "--steps", "0"), "argument --steps: must be >= 1, got 0"),

@@ -2,6 +2,7 @@
 and local plans' contention. The step simulator's own tests are in test_stepsim.py."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -220,6 +221,29 @@ def test_a_saved_kernel_keeps_its_faster_time_and_the_other_kernels(tmp_path, mo
     assert cached.flop_rates["matmul"] == pytest.approx(2e6 / (1e-3 - cached.overhead_s))
     CostModel(measured={"a": [5e-4, "matmul", 2e6, 1e3]}).save()  # faster now: taken
     assert CostModel.default().measured["a"][0] == 5e-4
+
+
+def test_a_saved_guess_leaves_what_was_measured(tmp_path, monkeypatch):
+    # a process that timed only its kernels saves after another timed the link and updates
+    monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(tmp_path / "cm.json"))
+    CostModel(update_Bps=7e9, message_cpu_s=25e-6, link=Link(9e9, 70e-6, shared=True)).save()
+    CostModel(measured={"a": [1e-3, "matmul", 2e6, 1e3]}, dispatch_s=4e-6).save()
+    cached = CostModel.default()
+    assert cached.update_Bps == 7e9 and cached.dispatch_s == 4e-6 and "a" in cached.measured
+    assert cached.link == Link(9e9, 70e-6, shared=True) and cached.message_cpu_s == 25e-6
+    CostModel(message_cpu_s=40e-6, link=Link(8e9, 90e-6, shared=True)).save()  # measured again
+    assert CostModel.default().link == Link(8e9, 90e-6, shared=True)
+
+
+def test_processes_saving_at_once_keep_each_others_kernels(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(tmp_path / "cm.json"))
+
+    def save(who):  # (the cache's lock is a file lock: threads contend for it as processes do)
+        for i in range(15):
+            CostModel(measured={f"{who}{i}": [1e-3, "matmul", 2e6, 1e3]}).save()
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(save, "abcd"))
+    assert len(CostModel.default().measured) == 4 * 15
 
 
 def test_the_cache_is_kept_per_kernel_code(tmp_path, monkeypatch):
