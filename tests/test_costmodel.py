@@ -235,7 +235,7 @@ def test_a_saved_guess_leaves_what_was_measured(tmp_path, monkeypatch):
     assert CostModel.default().link == Link(8e9, 90e-6, shared=True)
 
 
-def test_processes_saving_at_once_keep_each_others_kernels(tmp_path, monkeypatch):
+def test_calibrations_saved_at_once_keep_each_others_kernels(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAPHFLOW_COSTMODEL", str(tmp_path / "cm.json"))
 
     def save(who):  # (the cache's lock is a file lock: threads contend for it as processes do)
