@@ -26,7 +26,7 @@ from graphflow.partitioners import partition
 from graphflow.prediction import best_microbatches
 from graphflow.progress import Progress
 from graphflow.runtime.cluster import Cluster
-from graphflow.runtime.clusterfile import CONNECT_TIMEOUT
+from graphflow.runtime.clusterfile import CONNECT_TIMEOUT, TRAIN_TIMEOUT
 from graphflow.trace import driver_span, recording
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ class PartitionedTrainer(Trainer):
     def __init__(self, model: Model, optimizer: Optimizer, parts: int,
                  strategy: str = "spatial", mode: str = "threads",
                  hosts: list[str] | None = None, microbatches: int | Literal["auto"] = 1,
-                 schedule: str = "eager", timeout: float = 60.0,
+                 schedule: str = "eager", timeout: float = TRAIN_TIMEOUT,
                  batch: int | None = None, check_numerics: bool = False,
                  connect_timeout: float = CONNECT_TIMEOUT) -> None:
         self.model, self.optimizer = model, optimizer

@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from graphflow.argtypes import count, microbatch_count, non_negative, seconds
-from graphflow.runtime.clusterfile import CONNECT_TIMEOUT
+from graphflow.runtime.clusterfile import CONNECT_TIMEOUT, TRAIN_TIMEOUT
 from graphflow.runtime.pipeline import SCHEDULES
 
 if TYPE_CHECKING:
@@ -75,7 +75,8 @@ def _model_parallel_options(m: Any) -> None:
                    help="pipeline schedule: gpipe, 1f1b, or eager (1F1B with twice the "
                         "warm-up forwards; the default)")
     m.add_argument("--timeout", type=seconds, default=None, metavar="SECONDS",
-                   help="a worker silent this long fails the step, naming it (default 60)")
+                   help="a worker silent this long fails the step, naming it "
+                        f"(default {TRAIN_TIMEOUT:g})")
     m.add_argument("--connect-timeout", type=seconds, default=None, metavar="SECONDS",
                    help="--cluster: how long a worker has to answer first "
                         f"(default {CONNECT_TIMEOUT:g})")

@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 
 FORM = "tcp://HOST:PORT"
 CONNECT_TIMEOUT = 10.0  # seconds a remote worker has to answer a driver's first call
+TRAIN_TIMEOUT = 60.0  # seconds a trained split model's worker may be silent in a step
 
 
 def address_problem(address: object) -> str | None:
