@@ -142,8 +142,8 @@ class CostModel:
         if not model.link_measured():  # (timing it takes 15 s, and it is the transport's)
             machine = machine_fingerprint()
             for other in cache.values():
-                if other.get("machine") == machine:
-                    borrowed = cls._from_entry(other, batch)
+                if other.get("machine") == machine and other.get("link"):
+                    borrowed = cls(message_cpu_s=other["message_cpu_s"], link=Link(*other["link"]))
                     if borrowed.link_measured():
                         model.link, model.message_cpu_s = borrowed.link, borrowed.message_cpu_s
                         break
