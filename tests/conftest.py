@@ -32,7 +32,8 @@ XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... under pyte
 def pytest_xdist_auto_num_workers() -> int:
     """`-n auto`: a test process a core, up to 4 (tests start clusters of up to 4 worker
     processes of their own)."""
-    return max(1, min(len(os.sched_getaffinity(0)), 4))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cores or 1, 4))
 
 
 @pytest.fixture(autouse=True)
