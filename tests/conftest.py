@@ -40,7 +40,8 @@ def pytest_xdist_auto_num_workers() -> int:
 def cores_shared(request: pytest.FixtureRequest,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A test marked `alone` runs while no other test process runs one: its checks time
-    something against the machine (a trace's spans against the step's time)."""
+    something against the machine (a trace's spans against the step's time) or read what
+    every process shares (the files in /dev/shm)."""
     if XDIST_WORKER is None:
         yield
         return

@@ -21,7 +21,8 @@ from graphflow.transport.frames import tensor_header
 from graphflow.transport.ring import MAX_SLOTS, RING_MIN_BYTES, RingViews, SendRing
 from graphflow.transport.shared import SHARED_DIR, available
 
-pytestmark = pytest.mark.skipif(not available(), reason="no /dev/shm on this machine")
+pytestmark = [pytest.mark.skipif(not available(), reason="no /dev/shm on this machine"),
+              pytest.mark.alone]  # (they list /dev/shm, where other tests' clusters map rings)
 BIG = RING_MIN_BYTES // 4  # float32 elements of a tensor just large enough for a slot
 
 

@@ -148,6 +148,7 @@ def test_rpc_takes_references_only_over_ipc(arrays, tmp_path, transport):
         srv.close()
 
 
+@pytest.mark.alone  # (it lists /dev/shm, where other tests' clusters map rings)
 def test_a_process_cluster_feeds_through_shared_memory_and_cleans_up():
     from graphflow import models
     from graphflow.partitioners import partition
