@@ -1,7 +1,7 @@
 """Shared fixtures: the suite's own kernel-time cache (and one with no kernel timed), the gemm
 kernels' AVX-512 rules on any CPU (`wide_vectors`) and the command run in this process
-(`cli_here`); the kernels compiled beside a whole suite's run, kernel tests first; under
-pytest-xdist, tests marked `alone` with no other test beside them.
+(`cli_here`); kernel tests first; under pytest-xdist, tests marked `alone` with no other test
+beside them.
 
 The suite's kernel-time cache is its own (one for all its test processes), empty at the
 start: plans and predictions that read the machine's cache (~/.cache/graphflow, which every
@@ -11,21 +11,18 @@ tests start inherit it."""
 
 import fcntl
 import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-# On a clean checkout Numba compiles every kernel once (190 s of a 630 s suite here). Modules
-# whose tests run the kernels in this process come first, and a process of the lowest priority
-# compiles them beside the tests (tests/warm_kernels.py) on the core they leave idle: worker
-# processes then load them from the cache, where two of them had compiled one at once.
+# On a clean checkout Numba compiles every kernel once (190 s of a 630 s serial suite here).
+# Modules whose tests run the kernels in the test process come first: under xdist they are
+# spread over the test processes and compile side by side, and worker processes started later
+# load the kernels from the cache instead of two of them compiling one at once.
 KERNELS_FIRST = ("test_ops.py", "test_layers.py", "test_models.py", "test_gradients_again.py",
                  "test_model_parallel.py")
-WARM_FROM = 200  # tests in the session (fewer: a run of some files, too short to gain)
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... under pytest -n
 
 
@@ -66,20 +63,6 @@ def _holding_the_cores(shared: Path, alone: bool) -> Iterator[None]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(KERNELS_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (stable: else as found)
-
-
-@pytest.fixture(autouse=True, scope="session")
-def kernels_compiled_beside(request: pytest.FixtureRequest, own_kernel_cache: Path
-                            ) -> Iterator[None]:
-    if len(request.session.items) < WARM_FROM or XDIST_WORKER:
-        yield  # (under xdist, no core is left idle: it only slowed the tests, 3 failed)
-        return
-    root = Path(__file__).resolve().parent.parent
-    warm = subprocess.Popen([sys.executable, "-m", "tests.warm_kernels"], cwd=root,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    yield
-    warm.kill()
-    warm.wait()
 
 
 @pytest.fixture(autouse=True, scope="session")
