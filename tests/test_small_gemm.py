@@ -198,3 +198,21 @@ def test_matmul_into_accumulates_on_every_path(ta, tb, m, k, n):
     op = lambda x, t: x.T if t else x  # noqa: E731
     want = start + op(a, ta).astype(np.float64) @ op(b, tb).astype(np.float64)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matmul_into_writes_blas_products_in_place_for_either_transpose(ta, tb, dtype):
+    """Products BLAS takes whole (numpy's own, through np.matmul) land in the caller's out,
+    read through the transposes without copies of a or b."""
+    rng = np.random.default_rng(7)
+    m, k, n = 200, 40, 70  # many rows: no few-rows kernel takes it
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
+    out = np.full((m, n), np.nan, dtype)
+    assert matmul_into(a, b, out, ta, tb) is out
+    op = lambda x, t: x.T if t else x  # noqa: E731
+    want = op(a, ta).astype(np.float64) @ op(b, tb).astype(np.float64)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(out, want, rtol=tol, atol=tol * np.abs(want).max())
