@@ -1,8 +1,7 @@
 """Matrix multiply: matmul(a, b) = op(a) @ op(b), op = identity or transpose (attrs transpose_a/b).
 
-Whole products go to numpy's BLAS through np.matmul, which passes transposes as flags (no
-copies); those that add into out (beta = 1), or finish a few-rows kernel's last columns, to the
-jitted `matmul_kernel` (SciPy's BLAS, the one Numba binds). A few rows against a large b (a
+The kernel calls BLAS gemm (`blas.gemm`: numpy's OpenBLAS where its wheel ships one) with
+transpose flags, so transposed operands are never copied; a few rows against a large b (a
 dense layer's forward on a micro-batch) go to `small_gemm`, which does not pack b on every
 call (`copies` says when it reads a copy of each panel instead), a @ b.T against a large b
 (its backward, dx = dy @ w.T) to `lane_gemm`, which keeps a's rows in vector lanes, and a.T @ b
@@ -70,11 +69,7 @@ def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool
             done = packed_forward(a, b, out)  # (by a worker's packed weight: runtime/worker.py)
             if done is None:
                 done = (matmul_nn_copied if copies(m, n) else matmul_nn)(a, b, out)
-    if done == 0 and not accumulate:
-        # numpy's own OpenBLAS: newer than SciPy's, which the jitted `gemm` reaches, and
-        # 25-35% faster at a micro-batch's 32 rows against a dense layer's weight on AVX2
-        np.matmul(a.T if transpose_a else a, b.T if transpose_b else b, out=out)
-    elif done < n:  # the rest, or the last columns short of a whole panel, with BLAS
+    if done < n:  # the rest, or the last columns short of a whole panel, with BLAS
         matmul_kernel(a.reshape(-1), a.shape[1], b.reshape(-1)[done:], b.shape[1],
                       out.reshape(-1)[done:], n, m, n - done, k, transpose_a, transpose_b,
                       1.0 if accumulate else 0.0)

@@ -204,8 +204,7 @@ def test_matmul_into_accumulates_on_every_path(ta, tb, m, k, n):
 @pytest.mark.parametrize("tb", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_matmul_into_writes_blas_products_in_place_for_either_transpose(ta, tb, dtype):
-    """Products BLAS takes whole (numpy's own, through np.matmul) land in the caller's out,
-    read through the transposes without copies of a or b."""
+    """Products BLAS takes whole land in the caller's out, read through the transposes."""
     rng = np.random.default_rng(7)
     m, k, n = 200, 40, 70  # many rows: no few-rows kernel takes it
     a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
