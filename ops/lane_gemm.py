@@ -25,8 +25,8 @@ from graphflow.ops.simd import LANES, prefetch, vfma, vload, vsplat, vstore, vze
 from graphflow.ops.small_gemm import MIN_COLS, MIN_DEPTH  # (BLAS's ground, as there)
 
 MAX_ROWS = 4 * LANES  # rows a pass over b serves: out's tile is 4 b rows by 4 vectors of rows
-NARROW_ROWS = 16  # where it beats BLAS without AVX-512 (simd.WIDE): 1.1-1.9x from k = 1280 on;
-                  # 0.8-1.0x at 24-32 rows, 0.5-0.8x at 64
+NARROW_ROWS = 0  # without AVX-512 (simd.WIDE) numpy's OpenBLAS wins: ours ran 0.35-0.92x its
+                 # speed at 4 rows, 0.57-1.02x at 8, 0.67-1.21x at 16 (SciPy's: 1.1-1.9x at 16)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -128,7 +128,7 @@ def wins(m: int, n: int, k: int) -> bool:
     (With AVX-512, past that it still ran 1.45x faster than a one-thread BLAS at 128 and at
     1024 rows, 2560 x 2560, a pass over b for each 64 rows; but BLAS may have more cores than
     this one-thread kernel: `graphflow train` in one process lets it use them all.)"""
-    return m <= (MAX_ROWS if simd.WIDE else NARROW_ROWS) and k >= MIN_DEPTH and n >= MIN_COLS
+    return 0 < m <= (MAX_ROWS if simd.WIDE else NARROW_ROWS) and k >= MIN_DEPTH and n >= MIN_COLS
 
 
 @njit(nogil=True, cache=True)

@@ -24,7 +24,7 @@ from graphflow.ops.simd import prefetch, vfma, vload, vsplat, vstore4, vzero
 MAX_DEPTH = 256   # measured gains: 2x at 16 rows, 1.5x at 64, 1.2x at 256, 1.1x at 512
 MIN_COLS = 64     # out's columns go in tiles of PANEL
 NARROW_DEPTH = 8  # without AVX-512 (simd.WIDE) it wins only over a few rows, into a large out:
-NARROW_OUT = 1 << 21  # 1.15-1.85x at 4-8 rows from 2M elements of out, 0.65-1.1x below, 0.5 at 64
+NARROW_OUT = 1 << 21  # 1.6-2.0x at 4 rows, 1.0-1.1x at 8, from 2M elements of out; 0.6-1.4x below
 PANEL = 64        # out columns a tile holds: 4 vectors of 16 float32
 CHUNK_BYTES = 1 << 17  # b is taken a chunk of columns at a time, this many bytes (in L2)
 

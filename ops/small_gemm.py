@@ -14,7 +14,7 @@ dense layer on a micro-batch of 16) the packing costs as much as the multiply. H
   prefetch, in the same run), where BLAS runs 45 / 82. `matmul_nn_copied` reads a copy of
   each panel in L1 instead, where b's rows would share cache sets: 200 GFLOP/s at 64 rows.
 
-BLAS wins again from ~128 rows, and from ~16 on a CPU without AVX-512: see `wins`.
+BLAS wins again from ~128 rows, and at any rows on a CPU without AVX-512: see `wins`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from graphflow.ops.simd import LANES, prefetch, vfma, vload, vsplat, vstore4
 # reassociation lets LLVM vectorise the sums; NaN and inf keep their IEEE meaning
 _FAST = {"reassoc", "contract", "nsz"}
 MAX_ROWS = 64     # measured crossovers: 64 rows still wins by 1.1-1.5x, 128 ties, 256 loses
-NARROW_ROWS = 8   # without AVX-512 (simd.WIDE): 0.9-1.8x at 8 rows, 0.8-1.3x at 16, 0.5-0.6 at 64
+NARROW_ROWS = 0   # without AVX-512 (simd.WIDE) numpy's OpenBLAS wins from the first row:
+                  # ours ran 0.46-1.06x its speed at 4 rows, 0.43-0.69x at 8 (SciPy's: 0.9-1.8x)
 MIN_DEPTH = 256   # shorter dot products leave BLAS ahead (k = 64: 0.8x)
 MIN_COLS = 64     # a few output columns (a 10-way classifier) leave BLAS ahead
 PANEL = 64        # output columns a `matmul_nn` tile holds: 4 vectors of 16 float32
@@ -49,7 +50,7 @@ def row_limit() -> int:
 def wins(m: int, n: int, k: int) -> bool:
     """Whether these kernels beat BLAS for out (m, n) = a (m, k) @ op(b): few rows, long dot
     products, many columns (measured alike for `matmul_nt` and `matmul_nn`)."""
-    return m <= row_limit() and k >= MIN_DEPTH and n >= MIN_COLS
+    return 0 < m <= row_limit() and k >= MIN_DEPTH and n >= MIN_COLS
 
 
 @njit(fastmath=_FAST, nogil=True, cache=True, inline="always")
