@@ -75,13 +75,15 @@ def machine_fingerprint() -> str:
 
 
 def fingerprint() -> str:
-    """Identifies this machine, thread setup and kernel code: calibrations are only reused on
-    a match."""
+    """Identifies this machine, thread setup, kernel code and the BLAS the kernels call
+    (ops/blas.py): calibrations are only reused on a match."""
     import numba
+
+    from graphflow.ops import blas
 
     return _digest([*_machine_parts(), np.__version__, numba.__version__,
                     str(numba.get_num_threads()), os.environ.get("OPENBLAS_NUM_THREADS", ""),
-                    os.environ.get("OMP_NUM_THREADS", ""), kernels_digest()])
+                    os.environ.get("OMP_NUM_THREADS", ""), kernels_digest(), blas.BLAS])
 
 
 def cache_path() -> Path:

@@ -59,3 +59,12 @@ def test_gemm_outside_a_kernel_says_where_it_runs():
     with pytest.raises(TypeError, match="inside @njit kernels"):
         blas.gemm(blas.NT, blas.NT, 1, 1, 1, np.ones(1), 1, np.ones(1), 1, np.zeros(1),
                   np.ones(1), 1)
+
+
+def test_calibrations_are_kept_apart_by_the_blas(monkeypatch):
+    """Kernel times taken with one BLAS do not steer plans run with the other."""
+    from graphflow import timing
+
+    now = timing.fingerprint()
+    monkeypatch.setattr(blas, "BLAS", "scipy" if blas.BLAS == "numpy" else "numpy")
+    assert timing.fingerprint() != now
