@@ -248,8 +248,8 @@ class CostModel:
         lock); a kernel timed before keeps the faster time (a busy machine only slows kernels),
         others stay, and a built-in guess leaves what was measured in place."""
         path = path or cache_path()
-        update_cache(path, lambda machines: machines.update(
-            {fingerprint(): self._merged_entry(machines.get(fingerprint(), {}))}))
+        key = fingerprint()  # (hashes the kernels' code)
+        update_cache(path, lambda old: old.update({key: self._merged_entry(old.get(key, {}))}))
         return path
 
     def _merged_entry(self, before: Mapping[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import numpy as np
 from numba import cfunc, types
 from numba.extending import overload
 from numba.np.linalg import _BLAS, ensure_blas
-from numba.np.numpy_support import from_dtype
+from numba.np.numpy_support import as_dtype, from_dtype
 
 NT, TR = ord("n"), ord("t")  # op(a) = a, op(a) = a.T
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enums
@@ -53,18 +53,30 @@ def _numpy_openblas() -> ctypes.CDLL | None:
     return None
 
 
-def _scipy_shim(dtype: type) -> int:
-    """The address of a C function with CBLAS's row-major gemm signature over SciPy's BLAS
-    (numba's binding: column-major, so it computes C^T = op(B)^T op(A)^T)."""
-    xxgemm = _BLAS().numba_xxgemm(from_dtype(np.dtype(dtype)))
-    kind, no, yes = (np.int8(ord(c)) for c in ("s" if dtype == np.float32 else "d", "n", "t"))
+def _scipy_gemm(layout, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):  # noqa: ANN001, ANN201
+    """CBLAS's row-major gemm over SciPy's BLAS (jitted code only): numba's binding is
+    column-major, so it computes C^T = op(B)^T op(A)^T."""
+    raise TypeError("_scipy_gemm runs only inside jitted code")
 
-    def shim(layout, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):  # noqa: ANN001, ANN202
+
+@overload(_scipy_gemm, jit_options={"cache": True})
+def _scipy_gemm_impl(layout, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):  # noqa: ANN001, ANN202
+    ensure_blas()
+    xxgemm = _BLAS().numba_xxgemm(a.dtype)
+    dtype = as_dtype(a.dtype)
+    kind, no, yes = (np.int8(ord(ch)) for ch in ("s" if dtype == np.float32 else "d", "n", "t"))
+
+    def impl(layout, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):  # noqa: ANN001, ANN202
         scalars = np.empty(2, dtype)
         scalars[0], scalars[1] = alpha, beta
         xxgemm(kind, no if tb == NO_TRANS else yes, no if ta == NO_TRANS else yes, n, m, k,
                scalars.ctypes, b, ldb, a, lda, scalars[1:].ctypes, c, ldc)
-    return cfunc(_signature(dtype), nopython=True)(shim).address
+    return impl
+
+
+def _scipy_shim(layout, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):  # noqa: ANN001, ANN201
+    """A C function (`cfunc`, one per dtype, cached: compiled once, not at every start)."""
+    _scipy_gemm(layout, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 
 
 def _bind() -> str:
@@ -74,8 +86,7 @@ def _bind() -> str:
         if lib is not None:
             address = ctypes.cast(getattr(lib, _NUMPY_NAMES[dtype]), ctypes.c_void_p).value
         else:
-            ensure_blas()
-            address = _scipy_shim(dtype)
+            address = cfunc(_signature(dtype), cache=True)(_scipy_shim).address
         ll.add_symbol(symbol, address)
     return "numpy" if lib is not None else "scipy"
 
