@@ -29,19 +29,26 @@ count = at_least(1)
 non_negative = at_least(0)
 
 
-def seconds(text: str) -> float:
-    """An argparse type: a time in seconds > 0.
+def positive(unit: str = "") -> Callable[[str], float]:
+    """An argparse type: a finite number > 0 (`unit`: what it counts, for the messages).
 
-        >>> seconds("2.5")
+        >>> positive(" seconds")("2.5")
         2.5
     """
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
-    if not value > 0:  # (NaN too)
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
-    return value
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a number{unit}") from None
+        if not 0 < value < float("inf"):  # (NaN too)
+            raise argparse.ArgumentTypeError(f"must be > 0{unit} and finite, got {text}")
+        return value
+
+    return parse
+
+
+seconds = positive(" seconds")
+learning_rate = positive()
 
 
 def microbatch_count(text: str) -> int | str:
@@ -62,3 +69,19 @@ def csv_counts(text: str) -> list[int]:
     if not counts or min(counts) < 1:
         raise argparse.ArgumentTypeError(f"'{text}': worker counts must be >= 1")
     return sorted(counts | {1})
+
+
+def listen_address(text: str) -> str:
+    """An argparse type: an address to bind; a tcp port must be 1-65535 or `*` (zmq would
+    wrap 70000 round to 4464 and listen where no cluster file can name it).
+
+        >>> listen_address("tcp://127.0.0.1:5555")
+        'tcp://127.0.0.1:5555'
+    """
+    if text.startswith("tcp://"):
+        port = text.rpartition(":")[2]
+        if port != "*" and not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise argparse.ArgumentTypeError(
+                f"'{text}': the port must be a number from 1 to 65535 (or *), got '{port}'")
+    return text
+

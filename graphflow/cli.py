@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from math import prod
 
 from graphflow import train_command
-from graphflow.argtypes import count, non_negative
+from graphflow.argtypes import count, listen_address, non_negative
 from graphflow.errors import GraphflowError
 from graphflow.runtime.heap import keep_freed_memory
 from graphflow.train_command import MODEL_HELP
@@ -48,7 +48,7 @@ WORKER = {"description": "Serve one graphflow worker: a driver (graphflow train 
 
 
 def _worker_arguments(w: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    w.add_argument("--listen", required=True,
+    w.add_argument("--listen", required=True, type=listen_address,
                    help="control address: tcp://HOST:PORT (or ipc:///PATH)")
     w.add_argument("--exit-with-parent", type=count, default=None, metavar="PID",
                    help="exit once process PID has ended (a driver names itself for the "
@@ -81,7 +81,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="partition it for this many workers and print the plan's report")
     s.add_argument("--strategy", default="spatial", choices=[*STRATEGIES, "all"],
                    help="placement strategy; `all` compares their cuts and predicted steps")
-    s.add_argument("--batch", type=count, default=64, help="batch size for the plan's figures")
+    s.add_argument("--batch", type=count, default=None,
+                   help="batch size for the plan's figures (default: the model's own, else 64)")
     add_estimate_option(s)
 
     sub.add_parser("ops", help="list the registered ops", epilog="example: graphflow ops")
@@ -118,9 +119,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from graphflow.autodiff import gradients
-    from graphflow.modelspec import load_model
+    from graphflow.modelspec import figure_batch, load_model
 
     name, graph, loss = load_model(args.workload)  # symbolic batch: the figures are at --batch
+    args.batch = figure_batch(graph, args.batch)
     if args.parts > 1:
         from graphflow.partitioners import STRATEGIES, partition
         from graphflow.prediction import command_cost
@@ -218,12 +220,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                "timeline": cmd_timeline}[args.command]
     try:
         return handler(args)
+    except BrokenPipeError:  # e.g. `graphflow show lc-large | head`; before OSError, its base
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (GraphflowError, ValueError, ImportError, OSError) as e:
         print(f"graphflow {args.command}: error: {e}", file=sys.stderr)
         return 1
-    except BrokenPipeError:  # e.g. `graphflow show lc-large | head`
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

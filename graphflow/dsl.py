@@ -18,16 +18,26 @@ from typing import Any
 
 import numpy as np
 
-from graphflow.errors import GraphError
+from graphflow.errors import GraphError, ShapeError
 from graphflow.init import INITIALIZERS
 from graphflow.ir import Dim, Node, current_graph, user_source_line
 from graphflow.ops.registry import apply
 
 
+def _dims(shape: Any, op: str, name: str) -> tuple[Any, ...]:
+    """`shape` as a tuple, NumPy ints as ints; the op's shape rule checks each dim."""
+    if not isinstance(shape, list | tuple):
+        batch = " (None for the batch dim)" if op == "placeholder" else ""
+        raise ShapeError(f"{op} '{name}' ({user_source_line()}): shape must be a tuple of "
+                         f"ints{batch}, got {shape!r}")
+    return tuple(int(d) if isinstance(d, np.integer) else d for d in shape)
+
+
 def placeholder(name: str, shape: Sequence[Dim], dtype: str | None = None) -> Node:
     """A tensor fed at run time; `None` in `shape` is the batch dimension."""
     g = current_graph()
-    return g.add("placeholder", (), {"shape": tuple(shape), "dtype": dtype or g.dtype}, name=name)
+    attrs = {"shape": _dims(shape, "placeholder", name), "dtype": dtype or g.dtype}
+    return g.add("placeholder", (), attrs, name=name)
 
 
 def parameter(name: str, shape: Sequence[int], init: str = "glorot_uniform",
@@ -37,7 +47,7 @@ def parameter(name: str, shape: Sequence[int], init: str = "glorot_uniform",
     if init not in INITIALIZERS:
         raise GraphError(f"parameter '{name}' ({user_source_line()}): unknown initializer "
                          f"'{init}', known: {', '.join(INITIALIZERS)}")
-    attrs = {"shape": tuple(int(d) for d in shape), "dtype": dtype or g.dtype, "init": init,
+    attrs = {"shape": _dims(shape, "parameter", name), "dtype": dtype or g.dtype, "init": init,
              **init_args}
     return g.add("parameter", (), attrs, name=name)
 

@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
+import difflib
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +27,15 @@ from graphflow.errors import (
     located,
 )
 from graphflow.init import initial_value
-from graphflow.ir import Graph, Node
-from graphflow.ops.registry import REGISTRY, fmt
+from graphflow.ir import Graph, Node, format_tuple, user_source_line
+from graphflow.ops.registry import REGISTRY
 from graphflow.trace import session as trace
 from graphflow.trace.recorder import clock
 
 Feeds = Mapping[Node | str, Any]
+Fetches = Node | str | Iterable[Node | str] | Mapping[Any, Node | str]
+_EXPECTED = {"fetch": "fetches must be nodes or node names",
+             "feed": "feeds must be keyed by nodes or node names"}
 
 
 @dataclass(frozen=True)
@@ -95,11 +99,29 @@ class Session:
             raise GraphError(located(node, "is not a parameter"))
         self.params[name] = checked_value(node, value)
 
-    def run(self, fetches: Node | Sequence[Node], feeds: Feeds | None = None) -> Any:
-        """Compute `fetches` (a node or a sequence of nodes) given placeholder `feeds`."""
-        single = isinstance(fetches, Node)
-        wanted = [fetches] if single else list(fetches)
-        fed = {self._feed_node(k): v for k, v in (feeds or {}).items()}
+    def run(self, fetches: Fetches, feeds: Feeds | None = None) -> Any:
+        """Compute `fetches` given placeholder `feeds`. A fetch, and a feed's key, is a node or a
+        node's name. One fetch gives an array, a list (or other iterable) of them a list, and a
+        dict of them (such as gradients()' result) a dict with the same keys.
+
+        >>> import numpy as np, graphflow as gf
+        >>> with gf.Graph() as g:
+        ...     x = gf.placeholder("x", (2,))
+        ...     y = gf.mul(x, 3.0, name="y")
+        >>> gf.Session(g).run(["y", y], {"x": np.ones(2, np.float32)})[0].tolist()
+        [3.0, 3.0]
+        """
+        if isinstance(fetches, Mapping):
+            return dict(zip(fetches, self.run(list(fetches.values()), feeds), strict=True))
+        single = isinstance(fetches, Node | str)
+        if not single and not isinstance(fetches, Iterable):
+            raise GraphError(f"Session.run ({user_source_line()}): {_EXPECTED['fetch']}, got "
+                             f"{_kind(fetches)}")
+        if feeds is not None and not isinstance(feeds, Mapping):
+            raise GraphError(f"Session.run ({user_source_line()}): feeds must be a dict from "
+                             f"nodes or node names to arrays, got {_kind(feeds)}")
+        wanted = [self._node(f, "fetch") for f in ([fetches] if single else fetches)]
+        fed = {self._node(k, "feed"): v for k, v in (feeds or {}).items()}
         key = (tuple(id(n) for n in wanted), frozenset(id(n) for n in fed))
         plan = self._schedules.get(key)
         if plan is None:
@@ -108,11 +130,21 @@ class Session:
         out = [values[n] for n in wanted]
         return out[0] if single else out
 
-    def _feed_node(self, key: Node | str) -> Node:
-        node = self.graph[key] if isinstance(key, str) else key
-        if node.graph is not self.graph:
-            raise GraphError(located(node, "is fed but belongs to another graph"))
-        return node
+    def _node(self, key: Node | str, role: str) -> Node:
+        """The graph's node that `key` (a node or its name) stands for; role: fetch or feed."""
+        if isinstance(key, str):
+            if key in self.graph:
+                return self.graph[key]
+            close = difflib.get_close_matches(key, [n.name for n in self.graph.nodes], n=3)
+            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise GraphError(f"Session.run ({user_source_line()}): no node named '{key}' in "
+                             f"the graph to {role}{hint}")
+        if not isinstance(key, Node):
+            raise GraphError(f"Session.run ({user_source_line()}): {_EXPECTED[role]}, got "
+                             f"{_kind(key)}")
+        if key.graph is not self.graph:
+            raise GraphError(located(key, f"is a {role} but belongs to another graph"))
+        return key
 
     def _execute(self, plan: Schedule, fed: dict[Node, Any],
                  wanted: list[Node]) -> dict[Node, np.ndarray]:
@@ -139,9 +171,10 @@ class Session:
         if node.op == "constant":
             return node.attrs["value"]
         if node.op == "placeholder":
-            raise MissingFeedError(located(node, f"is not fed, but {_names(wanted)} need it; "
-                                                 f"expected a {node.dtype} array of shape "
-                                                 f"{fmt(node.shape)}"))
+            needs = "needs" if len(wanted) == 1 else "need"
+            raise MissingFeedError(located(node, f"is not fed, but {_names(wanted)} {needs} it; "
+                                                 f"expected {_article(node.dtype)} {node.dtype} "
+                                                 f"array of shape {format_tuple(node.shape)}"))
         return run_kernel(node, [values[x] for x in node.inputs], self.check_numerics)
 
 
@@ -174,6 +207,16 @@ def _check_finite(node: Node, out: np.ndarray, verb: str) -> None:
                                            f"{int(np.isinf(out).sum())} inf values"))
 
 
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeio" else "a"  # an int32, a float32, a uint8
+
+
+def _kind(value: Any) -> str:
+    """`int 42`: what the user passed where a node was expected."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
 def _names(nodes: list[Node]) -> str:
     return ", ".join(f"'{n.name}'" for n in nodes[:4]) + (" ..." if len(nodes) > 4 else "")
 
@@ -183,7 +226,8 @@ def checked_value(node: Node, value: Any) -> np.ndarray:
     arr = np.asarray(value)
     if arr.ndim != len(node.shape) or any(
             d is not None and d != a for d, a in zip(node.shape, arr.shape, strict=True)):
-        raise ShapeError(located(node, f"fed shape {arr.shape}, expected {fmt(node.shape)}"))
+        raise ShapeError(located(node, f"fed shape {arr.shape}, expected "
+                                       f"{format_tuple(node.shape)}"))
     if arr.dtype != np.dtype(node.dtype):
         if not np.can_cast(arr.dtype, node.dtype, casting="same_kind"):
             raise DTypeError(located(node, f"fed dtype {arr.dtype}, expected {node.dtype}"))

@@ -34,6 +34,12 @@ def format_shape(shape: Shape) -> str:
     return "[" + ", ".join("N" if d is None else str(d) for d in shape) + "]"
 
 
+def format_tuple(shape: Shape) -> str:
+    """`(N, 3, 64, 64)`, `(8,)`: a shape as Python prints a tuple, N the batch dimension."""
+    dims = ["N" if d is None else str(d) for d in shape]
+    return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+
+
 def user_source_line() -> str:
     """file:line of the innermost stack frame outside graphflow: where the user created a node."""
     frame = sys._getframe(1)
@@ -138,6 +144,9 @@ class Graph:
 
         attrs = dict(attrs or {})
         source = user_source_line()
+        if name is not None and not isinstance(name, str):
+            raise GraphError(f"{op} ({source}): a name must be a str, got "
+                             f"{type(name).__name__} {name!r}")
         if name is not None and "@" in name:  # partitioners/recompute.py names copies so
             raise GraphError(f"{op} '{name}' ({source}): a name may not hold '@', which marks "
                              "a node's copy on another worker (loss@w1)")

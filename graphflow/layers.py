@@ -20,6 +20,7 @@ from graphflow.errors import ShapeError
 from graphflow.ir import Node, current_graph, user_source_line
 from graphflow.ops.conv import conv2d as conv2d_op
 from graphflow.ops.elementwise import add
+from graphflow.ops.local import is_int, pair
 from graphflow.ops.local import local2d as local2d_op
 from graphflow.ops.matmul import matmul
 from graphflow.ops.norm import lrn
@@ -33,8 +34,31 @@ NCHW_TO_HWCN = (2, 3, 1, 0)  # transpose(x, NCHW_TO_HWCN): an NCHW image in loca
 HWCN_TO_NCHW = (3, 2, 0, 1)
 
 
-def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+def _where(kind: str, name: str) -> str:
+    """`conv2d 'c1' (model.py:12)`: a layer's errors come before its nodes exist."""
+    return f"{kind} '{name}' ({user_source_line()})"
+
+
+def _pair(v: int | tuple[int, int], what: str, minimum: int, kind: str,
+          name: str) -> tuple[int, int]:
+    try:
+        return pair(v, what, minimum)
+    except ShapeError as e:
+        raise ShapeError(f"{_where(kind, name)}: {e}") from None
+
+
+def _count(v: int, what: str, kind: str, name: str) -> int:
+    if not is_int(v) or v < 1:
+        raise ShapeError(f"{_where(kind, name)}: {what} must be a positive int, got {v!r}")
+    return int(v)
+
+
+def _window(kernel_size: int | tuple[int, int], stride: int | tuple[int, int],
+            padding: int | tuple[int, int], kind: str,
+            name: str) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """The validated (kh, kw), (sh, sw), (ph, pw) of a windowed layer."""
+    return (_pair(kernel_size, "kernel_size", 1, kind, name),
+            _pair(stride, "stride", 1, kind, name), _pair(padding, "padding", 0, kind, name))
 
 
 def _scope(kind: str, name: str | None) -> str:
@@ -44,19 +68,18 @@ def _scope(kind: str, name: str | None) -> str:
 def _expect_image(x: Node, kind: str, name: str, layout: str = "NCHW") -> int:
     """The channels of image `x` in `layout` (its letters name x's dims)."""
     if layout not in ("NCHW", "HWCN"):
-        raise ValueError(f"{kind} '{name}' ({user_source_line()}): layout {layout!r} is not "
-                         f"'NCHW' or 'HWCN'")
+        raise ValueError(f"{_where(kind, name)}: layout {layout!r} is not 'NCHW' or 'HWCN'")
     if len(x.shape) != 4:
-        raise ShapeError(f"{kind} '{name}' ({user_source_line()}): input has {len(x.shape)} "
-                         f"dims, expected 4 ({', '.join(layout)})")
+        raise ShapeError(f"{_where(kind, name)}: input has {len(x.shape)} dims, expected 4 "
+                         f"({', '.join(layout)})")
     return int(x.shape[layout.index("C")])
 
 
 def _out_size(size: int, kernel: int, stride: int, pad: int, kind: str, name: str) -> int:
     out = (size + 2 * pad - kernel) // stride + 1
     if out < 1:
-        raise ShapeError(f"{kind} '{name}' ({user_source_line()}): kernel {kernel} with padding "
-                         f"{pad} does not fit an input of size {size}")
+        raise ShapeError(f"{_where(kind, name)}: kernel {kernel} with padding {pad} does not "
+                         f"fit an input of size {size}")
     return out
 
 
@@ -65,8 +88,9 @@ def dense(x: Node, units: int, name: str | None = None, init: str = "glorot_unif
     """x @ W + b for x of shape (N, features)."""
     scope = _scope("dense", name)
     if len(x.shape) != 2:
-        raise ShapeError(f"dense '{scope}' ({user_source_line()}): input has {len(x.shape)} "
-                         f"dims, expected 2 (N, features); flatten it first")
+        raise ShapeError(f"{_where('dense', scope)}: input has {len(x.shape)} dims, expected 2 "
+                         f"(N, features); flatten it first")
+    units = _count(units, "units", "dense", scope)
     with name_scope(scope):
         w = parameter("W", (int(x.shape[1]), units), init=init)
         y = matmul(x, w)
@@ -87,7 +111,8 @@ def local2d(x: Node, filters: int, kernel_size: int | tuple[int, int],
     """
     scope = _scope("local2d", name)
     channels = _expect_image(x, "local2d", scope, layout)
-    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel_size), _pair(stride), _pair(padding)
+    filters = _count(filters, "filters", "local2d", scope)
+    (kh, kw), (sh, sw), (ph, pw) = _window(kernel_size, stride, padding, "local2d", scope)
     rows, cols = layout.index("H"), layout.index("W")
     oh = _out_size(int(x.shape[rows]), kh, sh, ph, "local2d", scope)
     ow = _out_size(int(x.shape[cols]), kw, sw, pw, "local2d", scope)
@@ -108,11 +133,13 @@ def conv2d(x: Node, filters: int, kernel_size: int | tuple[int, int],
     """2-D convolution with shared weights W (filters, C, KH, KW) and bias b (filters, 1, 1)."""
     scope = _scope("conv2d", name)
     channels = _expect_image(x, "conv2d", scope)
-    (kh, kw) = _pair(kernel_size)
-    _out_size(int(x.shape[2]), kh, _pair(stride)[0], _pair(padding)[0], "conv2d", scope)
+    filters = _count(filters, "filters", "conv2d", scope)
+    (kh, kw), (sh, sw), (ph, pw) = _window(kernel_size, stride, padding, "conv2d", scope)
+    _out_size(int(x.shape[2]), kh, sh, ph, "conv2d", scope)
+    _out_size(int(x.shape[3]), kw, sw, pw, "conv2d", scope)
     fan_in = channels * kh * kw
     with name_scope(scope):
         w = parameter("W", (filters, channels, kh, kw), init=init, fan_in=fan_in,
                       fan_out=filters * kh * kw)
-        y = conv2d_op(x, w, _pair(stride), _pair(padding))
+        y = conv2d_op(x, w, (sh, sw), (ph, pw))
         return add(y, parameter("b", (filters, 1, 1), init="zeros")) if bias else y

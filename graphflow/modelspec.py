@@ -22,7 +22,9 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -58,9 +60,31 @@ def load_model(spec: str) -> tuple[str, Graph, Node | None]:
                              f"arguments; it is called with none") from None
     except ValueError:  # no signature to read (a builtin): just call it
         pass
-    graph, loss = _unpack(build(), spec)
+    with _user_code(spec, f"{name}()"):
+        result = build()
+    graph, loss = _unpack(result, spec)
     short = Path(target).stem if target.endswith(".py") else target
     return short if name == CONVENTION else f"{short}:{name}", graph, loss
+
+
+def figure_batch(graph: Graph, asked: int | None, default: int = 64) -> int:
+    """The batch a plan's figures are for: `asked` (`--batch`), else the model's own when its
+    placeholders fix one, else `default`. A fixed batch cannot be asked to be another.
+
+    >>> import graphflow as gf
+    >>> with gf.Graph() as g:
+    ...     x = gf.placeholder("x", (8, 20))
+    >>> figure_batch(g, None)
+    8
+    """
+    fixed = {n.shape[0]: n for n in graph.placeholders() if n.shape and n.shape[0] is not None}
+    if not fixed:
+        return default if asked is None else asked
+    own, node = next(iter(fixed.items()))
+    if asked is not None and asked != own:
+        raise GraphflowError(f"--batch {asked}: the model's placeholder '{node.name}' "
+                             f"{node.shape} fixes its batch at {own}")
+    return own
 
 
 LOSSES = ("softmax_cross_entropy", "mse")  # the losses whose labels we can make up
@@ -120,14 +144,45 @@ def _load(target: str, spec: str, workloads: dict[str, Callable[..., Any]]) -> M
             raise GraphflowError(f"MODEL '{spec}': cannot load {path} as Python")
         module = importlib.util.module_from_spec(loader)
         sys.modules[module_name] = module  # dataclasses in the file look their module up
-        loader.loader.exec_module(module)
+        with _user_code(spec, f"loading {path}"):
+            loader.loader.exec_module(module)
         return module
-    try:
-        return importlib.import_module(target)
-    except ModuleNotFoundError as e:
-        raise GraphflowError(f"MODEL '{spec}': no module named '{e.name}' (a reference "
+    try:  # found before it runs, so that an import inside it is the user's mistake, not ours
+        found, missing = importlib.util.find_spec(target), target
+    except ModuleNotFoundError as e:  # a parent package is missing
+        found, missing = None, e.name or target
+    if found is None:
+        raise GraphflowError(f"MODEL '{spec}': no module named '{missing}' (a reference "
                              f"workload is one of {', '.join(workloads)}; a file needs its "
-                             f".py path)") from None
+                             f".py path)")
+    with _user_code(spec, f"importing {target}"):
+        return importlib.import_module(target)
+
+
+@contextmanager
+def _user_code(spec: str, doing: str) -> Iterator[None]:
+    """Run the user's code: its own mistakes (a syntax error, an exception its code raised)
+    become one error naming its file and line, not a traceback through graphflow. Our errors
+    (a ShapeError at one of its lines) already say where, and pass through."""
+    try:
+        yield
+    except GraphflowError:
+        raise
+    except SyntaxError as e:
+        where = f"{e.filename}:{e.lineno}" if e.filename else "?"
+        raise GraphflowError(f"MODEL '{spec}': syntax error at {where}: {e.msg}") from None
+    except Exception as e:
+        raise GraphflowError(f"MODEL '{spec}': {doing} raised {type(e).__name__}: {e}"
+                             f"{_user_line(e)}") from None
+
+
+def _user_line(e: BaseException) -> str:
+    """' (at FILE:LINE)' for the innermost frame of the error's traceback outside graphflow
+    and Python's import machinery: the user's line that raised or called what raised."""
+    ours = str(Path(__file__).resolve().parent.parent)
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not f.filename.startswith(("<frozen", ours))]
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 
 def _unpack(result: object, spec: str) -> tuple[Graph, Node | None]:

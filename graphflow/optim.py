@@ -35,8 +35,8 @@ class Optimizer(ABC):
     in_product = False
 
     def __init__(self, lr: float) -> None:
-        if lr <= 0:
-            raise ValueError(f"learning rate must be positive, got {lr}")
+        if not 0 < lr < float("inf"):  # (NaN too)
+            raise ValueError(f"learning rate must be a finite number > 0, got {lr}")
         self.lr = lr
         self.state: dict[str, dict[str, np.ndarray]] = {}
 

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from graphflow.argtypes import count, microbatch_count, non_negative, seconds
+from graphflow.argtypes import count, learning_rate, microbatch_count, non_negative, seconds
 from graphflow.runtime.clusterfile import CONNECT_TIMEOUT, TRAIN_TIMEOUT
 from graphflow.runtime.pipeline import SCHEDULES
 
@@ -39,7 +39,7 @@ def configure(sub: Any) -> None:
     t.add_argument("--batch", type=count, default=None,
                    help="mini-batch size (default: per workload; your model's own, else 64)")
     t.add_argument("--optimizer", default="adagrad", choices=sorted(OPTIMIZERS))
-    t.add_argument("--lr", type=float, default=None,
+    t.add_argument("--lr", type=learning_rate, default=None,
                    help="learning rate (default: per workload; 0.01 for your own)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--check-numerics", action="store_true",
@@ -99,7 +99,7 @@ def _data_parallel_options(d: Any) -> None:
                    help="ssp: clocks ahead allowed (2)")
     d.add_argument("--warm-start", type=non_negative, default=0,
                    help="steps replica 0 runs alone before the others join")
-    d.add_argument("--compress", default=None, metavar="CODEC",
+    d.add_argument("--compress", type=codec, default=None, metavar="CODEC",
                    help="gradient compression on push: float16 or topk:FRACTION")
     d.add_argument("--checkpoint-dir", default=None,
                    help="shards checkpoint here (and run as processes that are restarted)")
@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
 
     model = load_trainable(args.workload, seed=args.seed)
     steps, batch, lr = DEFAULTS.get(args.workload, (20, model.x.shape[0] or 64, 0.01))
-    steps, batch, lr = args.steps or steps, args.batch or batch, args.lr or lr
+    steps, batch, lr = (args.steps or steps, args.batch or batch,
+                        lr if args.lr is None else args.lr)
     if args.workload == "digits-lc":
         data, shift = datasets.digits(seed=args.seed), 2
     else:
@@ -211,12 +212,42 @@ def _replica_setup(args: argparse.Namespace) -> tuple[int, str, ReplicaOptions]:
     return parts, args.strategy, options
 
 
+def codec(text: str) -> str:
+    """An argparse type: a gradient codec `make_codec` knows (a usage error now, not a
+    worker's failure once the replicas have started)."""
+    from graphflow.replicas.compress import make_codec
+
+    try:
+        make_codec(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+# data-parallel options and their defaults: set without --replicas, they would do nothing
+REPLICA_DEFAULTS = {"sync": "downpour", "allreduce": "ring", "n_fetch": 1, "n_push": 1,
+                    "staleness": 2, "warm_start": 0, "compress": None, "checkpoint_dir": None,
+                    "ps_shards": 2}
+
+
 def conflict(args: argparse.Namespace) -> str | None:
     """`train` options that would be ignored together: an error, not a silent no-op."""
     split = (args.parts > 1 or args.cluster) and args.replicas == 1  # one model, split
+    if args.replicas == 1 and (given := [k for k, v in REPLICA_DEFAULTS.items()
+                                         if getattr(args, k) != v]):
+        option = "--" + given[0].replace("_", "-")
+        return f"{option} is for data parallelism: it needs --replicas R (R > 1)"
+    if args.strategy != "spatial" and not (args.parts > 1 or args.cluster):
+        return "--strategy places a split model: it needs --parts N (N > 1) or --cluster FILE"
     if args.microbatches != 1 and not split:
         return ("--microbatches pipelines one model split across workers: it needs --parts N "
                 "(N > 1) or --cluster FILE, and no --replicas")
+    if args.microbatches not in (1, "auto") and args.strategy == "spatial":  # (auto: 1 here)
+        return ("--microbatches pipelines a chain of stages: it needs --strategy layerwise (or "
+                "a manual or mincut plan whose workers form a chain); spatial workers trade "
+                "halos both ways in every layer")
+    if args.schedule != "eager" and args.microbatches == 1:
+        return "--schedule orders micro-batches: it needs --microbatches N (N > 1) or auto"
     if args.check_numerics and args.replicas > 1:
         return "--check-numerics checks one process or one split model, not --replicas"
     if args.timeout is not None and not split:

@@ -21,7 +21,7 @@ from graphflow.ops import registry
 from graphflow.ops.blas import NT, TR, gemm
 from graphflow.ops.local import (
     add_run,
-    as_pair,
+    attr_pair,
     copy_run,
     expect_known,
     geometry,
@@ -250,4 +250,5 @@ def conv2d(x: Node, w: Node, stride: int | tuple[int, int] = 1,
     >>> y.shape
     (None, 4, 4, 4)
     """
-    return apply("conv2d", x, w, name=name, stride=as_pair(stride), padding=as_pair(padding))
+    return apply("conv2d", x, w, name=name, stride=attr_pair(stride, "stride", 1),
+                 padding=attr_pair(padding, "padding", 0))

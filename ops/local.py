@@ -214,18 +214,26 @@ def local_grad_input(w: np.ndarray, dy: np.ndarray, kh: int, kw: int, sh: int, s
 
 # -- op definitions ----------------------------------------------------------------------------
 
-def as_pair(v: Any) -> Any:
-    """An int becomes (v, v) and a sequence a tuple; the shape rule validates the values."""
-    return (v, v) if isinstance(v, (int, np.integer)) else tuple(v) if isinstance(
-        v, (list, tuple)) else v
+def is_int(v: Any) -> bool:
+    """A Python or NumPy int, not a bool (True is no size, stride or count)."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 def pair(v: int | Sequence[int], what: str, minimum: int) -> tuple[int, int]:
-    """An int or a 2-sequence of ints (each >= minimum) as a tuple (rows, cols)."""
-    t = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
-    if len(t) != 2 or not all(isinstance(d, (int, np.integer)) and d >= minimum for d in t):
-        raise ShapeError(f"{what} must be an int or 2 ints >= {minimum}, got {v!r}")
+    """An int or a 2-sequence of ints (each >= minimum: 0 or 1) as a tuple (rows, cols)."""
+    t = (v, v) if is_int(v) else tuple(v) if isinstance(v, (list, tuple, np.ndarray)) else ()
+    if len(t) != 2 or not all(is_int(d) and d >= minimum for d in t):
+        sign = "positive" if minimum == 1 else "non-negative"
+        raise ShapeError(f"{what} must be a {sign} int or a pair of them, got {v!r}")
     return int(t[0]), int(t[1])
+
+
+def attr_pair(v: Any, what: str, minimum: int) -> Any:
+    """`v` as an attrs pair; a bad value stays, for the shape rule to reject naming the node."""
+    try:
+        return pair(v, what, minimum)
+    except ShapeError:
+        return v
 
 
 def geometry(attrs: dict[str, Any]) -> tuple[int, int, int, int, int, int]:
@@ -389,5 +397,5 @@ def local2d(x: Node, w: Node, kernel: int | tuple[int, int], stride: int | tuple
     >>> y.shape
     (3, 3, 4, None)
     """
-    return apply("local2d", x, w, name=name, kernel=as_pair(kernel), stride=as_pair(stride),
-                 padding=as_pair(padding))
+    return apply("local2d", x, w, name=name, kernel=attr_pair(kernel, "kernel", 1),
+                 stride=attr_pair(stride, "stride", 1), padding=attr_pair(padding, "padding", 0))

@@ -18,6 +18,7 @@ from numba import njit
 
 from graphflow.errors import ShapeError
 from graphflow.ir import Node, Shape
+from graphflow.ops.local import attr_pair, pair
 from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
 
 Grads = Sequence[Node | None]
@@ -157,19 +158,12 @@ def _avg_pool_grad_kernel(dy: np.ndarray, dx: np.ndarray, kh: int, kw: int, sh: 
 
 # -- attributes and shape rules ----------------------------------------------------------------
 
-def _pair(value: Any, what: str, minimum: int) -> tuple[int, int]:
-    pair = (value, value) if isinstance(value, (int, np.integer)) else tuple(value)
-    if len(pair) != 2 or not all(isinstance(v, (int, np.integer)) and v >= minimum
-                                 for v in pair):
-        raise ShapeError(f"{what} is {value!r}, expected an int or a pair of ints >= {minimum}")
-    return int(pair[0]), int(pair[1])
-
-
 def _window(attrs: dict[str, Any]) -> tuple[int, int, int, int, int, int]:
     """(kh, kw, sh, sw, ph, pw) from the attrs, validated."""
-    kh, kw = _pair(attrs["kernel"], "kernel", 1)
-    sh, sw = _pair(attrs.get("stride") or (kh, kw), "stride", 1)
-    ph, pw = _pair(attrs.get("padding", 0), "padding", 0)
+    kh, kw = pair(attrs["kernel"], "kernel", 1)
+    stride = attrs.get("stride")
+    sh, sw = pair((kh, kw) if stride is None else stride, "stride", 1)
+    ph, pw = pair(attrs.get("padding", 0), "padding", 0)
     if ph >= kh or pw >= kw:
         raise ShapeError(f"padding ({ph}, {pw}) must be smaller than the kernel ({kh}, {kw})")
     return kh, kw, sh, sw, ph, pw
@@ -210,7 +204,7 @@ def _infer_max_grad(ins: Sequence[Spec], attrs: dict[str, Any]) -> Spec:
 def _infer_avg_grad(ins: Sequence[Spec], attrs: dict[str, Any]) -> Spec:
     (dy,) = ins
     expect_ndim(dy, 4, "dy", LAYOUT)
-    h, w = _pair(attrs["input_hw"], "input_hw", 1)
+    h, w = pair(attrs["input_hw"], "input_hw", 1)
     n, c = dy.shape[:2]
     _check_dy(dy, (n, c, *_out_hw(h, w, attrs)))
     return Spec((n, c, h, w), same_float_dtype(ins))
@@ -249,7 +243,7 @@ def _avg_forward(ins: Sequence[np.ndarray], attrs: dict[str, Any]) -> np.ndarray
 
 def _avg_grad_forward(ins: Sequence[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     (dy,) = ins
-    dx = np.empty((*dy.shape[:2], *_pair(attrs["input_hw"], "input_hw", 1)), dy.dtype)
+    dx = np.empty((*dy.shape[:2], *pair(attrs["input_hw"], "input_hw", 1)), dy.dtype)
     _avg_pool_grad_kernel(dy, dx, *_window(attrs))
     return dx
 
@@ -296,9 +290,9 @@ register("avg_pool2d_grad", _infer_avg_grad, _avg_grad_forward, _avg_grad_grad,
 # -- the DSL's functions -----------------------------------------------------------------------
 
 def _dsl_attrs(kernel: Any, stride: Any, padding: Any) -> dict[str, Any]:
-    kernel = _pair(kernel, "kernel", 1)
-    return {"kernel": kernel, "stride": _pair(kernel if stride is None else stride, "stride", 1),
-            "padding": _pair(padding, "padding", 0)}
+    return {"kernel": attr_pair(kernel, "kernel", 1),
+            "stride": attr_pair(kernel if stride is None else stride, "stride", 1),
+            "padding": attr_pair(padding, "padding", 0)}
 
 
 def max_pool2d(x: Node, kernel: int | tuple[int, int], stride: int | tuple[int, int] | None = None,

@@ -16,6 +16,7 @@ import numpy as np
 
 from graphflow.errors import DTypeError, GraphflowError, ShapeError, located
 from graphflow.ir import Node, Shape, current_graph
+from graphflow.ir import format_tuple as fmt  # (8,), not (8): the ops' error messages
 
 
 class Spec(NamedTuple):
@@ -146,10 +147,6 @@ def broadcast_shapes(a: Shape, b: Shape) -> Shape:
         else:
             raise ShapeError(f"shapes {fmt(a)} and {fmt(b)} do not broadcast")
     return tuple(reversed(out))
-
-
-def fmt(shape: Shape) -> str:
-    return "(" + ", ".join("N" if d is None else str(d) for d in shape) + ")"
 
 
 def expect_ndim(spec: Spec, ndim: int, what: str, layout: str = "") -> None:

@@ -177,7 +177,7 @@ class Plan:
         if copies:  # see partitioners/recompute.py
             lines.append(f"recomputed instead of received: {', '.join(copies)}")
         lines.append(f"predicted step: {1e3 * prediction.step_seconds:.1f} ms"
-                     + contention_note(cost.contention, self.parts))
+                     + contention_note(cost.contention, sum(b > 0 for b in busy)))
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -216,9 +216,10 @@ class Plan:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
-def contention_note(contention: float, parts: int) -> str:
-    """What a local prediction says of the workers slowing each other, if it counted that."""
-    if contention <= 1.0 or parts < 2:
+def contention_note(contention: float, busy_workers: int) -> str:
+    """What a local prediction says of the workers slowing each other, if it counted that
+    (only busy ones can)."""
+    if contention <= 1.0 or busy_workers < 2:
         return ""
     return (f" (workers here slow each other {contention:.2f}x, as `graphflow bench speedup` "
             f"last measured)")

@@ -35,7 +35,7 @@ def test_label_dtype_and_shape_are_checked():
         logits = gf.placeholder("logits", (8, 4))
         with pytest.raises(gf.DTypeError, match="labels dtype is float32, expected int32"):
             softmax_cross_entropy(logits, gf.placeholder("f", (8,)))
-        with pytest.raises(gf.ShapeError, match=r"labels have shape \(7\), expected \(8\)"):
+        with pytest.raises(gf.ShapeError, match=r"labels have shape \(7,\), expected \(8,\)"):
             softmax_cross_entropy(logits, gf.placeholder("y7", (7,), "int64"))
         with pytest.raises(gf.ShapeError, match=r"labels has 2 dims, expected 1"):
             softmax_cross_entropy(logits, gf.placeholder("y2", (8, 1), "int64"))

@@ -216,7 +216,8 @@ def test_options_that_would_be_ignored_are_refused(model_file, tmp_path, cli_her
                            (("--check-numerics", "--replicas", "2"), "--check-numerics checks"),
                            (("--timeout", "5"), "--timeout is a split model's"),
                            (("--parts", "2", "--connect-timeout", "5"), "is for --cluster"),
-                           (("--parts", "2", "--timeout", "0"), "must be > 0 seconds, got 0")):
+                           (("--parts", "2", "--timeout", "0"),
+                            "must be > 0 seconds and finite, got 0")):
         code, _, err = cli_here("train", model_file, *args, "--no-progress")
         assert code == 2 and expected in err, (args, err[-500:])
     hosts = tmp_path / "two.toml"

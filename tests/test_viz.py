@@ -194,4 +194,4 @@ def test_a_split_layer_shows_every_worker_it_spans():
     assert [w for w, _ in lc2.workers] == [0, 1, 2, 3]
     assert sum(s for _, s in lc2.workers) == pytest.approx(1.0)
     x = next(b for b in d.boxes if b.label == "x")
-    assert x.workers == ()  # fed to every worker
+    assert x.workers == ()  # fed to each worker that reads it

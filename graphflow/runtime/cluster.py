@@ -36,6 +36,7 @@ import numpy as np
 import zmq
 
 from graphflow.errors import GraphflowError
+from graphflow.executor import checked_value
 from graphflow.init import block_of
 from graphflow.lifetime import how_it_ended, log_tail
 from graphflow.runtime import pipeline
@@ -198,7 +199,8 @@ class Cluster:
             raise WorkerFailed(f"{e.worker} at {at} did not answer within {first:g}s: is "
                                f"`graphflow worker --listen {at}` running there and reachable? "
                                f"(or busy with another driver's step; a slow network: "
-                               f"connect_timeout, `graphflow train --connect-timeout`)",
+                               f"Cluster's connect_timeout, or for one split model `graphflow "
+                               f"train --connect-timeout`)",
                                e.worker, silent=True) from None
         for client in self.clients:
             client.timeout = wait
@@ -277,6 +279,7 @@ class Cluster:
         wanted: list[list[str]] = [[] for _ in self.names]
         for name in fetches:
             wanted[self.plan.worker_of(name)].append(name)
+        feeds = self._checked(feeds)
         session = tracing.current()  # a traced run: the workers record, the driver times steps
         traced = session.join(self) if session is not None else None
         rows = self._batch_rows(feeds)
@@ -289,6 +292,13 @@ class Cluster:
                 "schedule": self.schedule, "rows": rows})
         self.step_count += 1
         return step
+
+    def _checked(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The feeds checked against the whole model's placeholders here, before the rows are
+        cut: a worker would name the shape of its cut, not the one the caller fed."""
+        placeholders = {n.name: n for n in self.plan.graph.placeholders()}
+        return {k: checked_value(placeholders[k], v) if k in placeholders else v
+                for k, v in feeds.items()}
 
     def _batch_rows(self, feeds: Mapping[str, np.ndarray]) -> int | None:
         """The batch's rows, when it is cut into micro-batches (each weighs its rows); a

@@ -44,7 +44,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", type=Path, default=None,
                         help="the PNG to write (default: the trace's path with .png)")
     parser.add_argument("--last-steps", type=count, default=None, metavar="N",
-                        help="draw only the last N steps the driver timed")
+                        help="draw and sum up only the last N steps the driver timed "
+                             "(default: all; the summary leaves the first, compiling, out)")
     parser.add_argument("--window", type=_window, default=None, metavar="FROM:TO",
                         help="draw only this time range, in ms since the trace began")
     parser.add_argument("--title", default=None, help="the chart's title")
@@ -68,9 +69,9 @@ def run(args: argparse.Namespace) -> int:
                    last_steps=args.last_steps, window_ms=args.window, title=args.title)
     if args.json:
         print(json.dumps({"trace": str(args.trace), "png": str(out) if out else None,
-                          "workers": coverage(doc)}))
+                          "workers": coverage(doc, args.last_steps)}))
     else:
-        print(report(doc))
+        print(report(doc, args.last_steps))
         if out is not None:
             print(f"wrote {out}")
     return 0

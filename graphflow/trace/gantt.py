@@ -65,9 +65,9 @@ def _clip(evs: Sequence[Event], window: tuple[float, float] | None) -> list[Even
     return [e for e in evs if e.ts < b and e.end > a]
 
 
-def _subtitle(doc: Mapping[str, Any]) -> str:
+def _subtitle(doc: Mapping[str, Any], last_steps: int | None) -> str:
     parts = [f"{c['process']}: spans {100 * c['coverage']:.0f}% of a {c['step_ms']:.0f} ms "
-             f"step, computing {100 * c['compute']:.0f}%" for c in coverage(doc)]
+             f"step, computing {100 * c['compute']:.0f}%" for c in coverage(doc, last_steps)]
     return "; ".join(parts)
 
 
@@ -110,7 +110,7 @@ def draw(doc: Mapping[str, Any], path: str | Path, *, last_steps: int | None = N
     handles = [_patch(COLOURS.get(c, OTHER)) for c in sorted(used)]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
               frameon=False)
-    sub = _subtitle(doc)
+    sub = _subtitle(doc, last_steps)
     ax.set_title((title or "graphflow timeline") + (f"\n{sub}" if sub else ""), fontsize=9)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

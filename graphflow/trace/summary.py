@@ -54,12 +54,22 @@ def covered(spans: list[Event], start: float, end: float) -> float:
     return total
 
 
-def coverage(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+def steady(steps: list[tuple[float, float]], last: int | None = None
+           ) -> list[tuple[float, float]]:
+    """The steps a summary counts: the `last` ones, or else all but the first when there are
+    three or more (the first compiles the kernels and warms the caches: 10x a step, often)."""
+    if last is not None:
+        return steps[-last:]
+    return steps[1:] if len(steps) >= 3 else steps
+
+
+def coverage(doc: Mapping[str, Any], last_steps: int | None = None) -> list[dict[str, Any]]:
     """Per worker: steps, median step and executor-span total (ms), the median ratios of the
     span total (`coverage`), of its `work` and its `compute` to the step time, the lowest
-    coverage of a step."""
+    coverage of a step; over the `steady` steps."""
     evs = events(doc)
-    windows = step_windows(evs)
+    every = step_windows(evs)
+    windows = {c: steady(w, last_steps) for c, w in every.items()}
     procs = doc.get("otherData", {}).get("graphflow", {}).get("processes", {})
     by_thread: dict[tuple[int, str], list[Event]] = defaultdict(list)
     for e in evs:
@@ -75,6 +85,7 @@ def coverage(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
         totals = [covered(spans, a, b) for a, b in steps]
         ratios = [t / (b - a) for t, (a, b) in zip(totals, steps) if b > a]
         out.append({"process": info.get("name", f"pid {pid}"), "steps": len(steps),
+                    "left_out": len(every[info.get("cluster")]) - len(steps),
                     "step_ms": statistics.median(b - a for a, b in steps) / 1e3,
                     "spans_ms": statistics.median(totals) / 1e3,
                     "coverage": statistics.median(ratios) if ratios else 0.0,
@@ -96,16 +107,19 @@ def totals(doc: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     return {p: dict(c) for p, c in out.items()}
 
 
-def report(doc: Mapping[str, Any]) -> str:
+def report(doc: Mapping[str, Any], last_steps: int | None = None) -> str:
     """A few lines for people: each worker's coverage of the steps and where its time went."""
     lines = []
     cats = totals(doc)
-    for c in coverage(doc):
+    for c in coverage(doc, last_steps):
         where = ", ".join(f"{cat} {ms:.0f} ms" for cat, ms in
                           sorted(cats.get(c["process"], {}).items(), key=lambda kv: -kv[1]))
+        which = (f"the last {c['steps']} steps" if last_steps is not None
+                 else f"{c['steps']} steps" + (", the first left out" if c["left_out"]
+                                                else ""))
         lines.append(f"{c['process']}: executor spans {c['spans_ms']:.1f} ms of a "
                      f"{c['step_ms']:.1f} ms step ({100 * c['coverage']:.1f}%, median of "
-                     f"{c['steps']} steps; in the worker's own work {100 * c['work']:.0f}%, "
+                     f"{which}; in the worker's own work {100 * c['work']:.0f}%, "
                      f"computing {100 * c['compute']:.0f}%); in all: {where}")
     if not lines and "driver" in cats:  # one process: no workers, the driver ran the kernels
         lines.append("driver (no workers): " + ", ".join(

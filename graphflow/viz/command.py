@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from graphflow.argtypes import count
 from graphflow.errors import GraphflowError
-from graphflow.modelspec import load_model
+from graphflow.modelspec import figure_batch, load_model
 from graphflow.viz.api import FORMATS, VIEWS, render
 from graphflow.viz.diagram import DETAILS
 
@@ -52,8 +52,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--view", default="plan", choices=VIEWS,
                         help="the plan (graph, bars and spatial view) or only the spatial "
                              "view of its local2d / conv layers (plan)")
-    parser.add_argument("--batch", type=count, default=64,
-                        help="batch size for bytes, FLOPs and predicted times (64)")
+    parser.add_argument("--batch", type=count, default=None,
+                        help="batch size for bytes, FLOPs and predicted times (default: the "
+                             "model's own, else 64)")
     parser.add_argument("--json", action="store_true",
                         help="print a summary of each plan as JSON on stdout")
     add_estimate_option(parser)
@@ -80,9 +81,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.parts < 1:
         raise GraphflowError(f"--parts must be at least 1, got {args.parts}")
-    if args.batch < 1:
-        raise GraphflowError(f"--batch must be at least 1, got {args.batch}")
     name, graph, loss = load_model(args.model)
+    args.batch = figure_batch(graph, args.batch)
     plans = [partition(graph, args.parts, s, loss=loss) for s in strategies(args)]
     cost = command_cost(plans, args.batch, args.estimate)
     diagrams = render(plans, args.output, args.detail, args.batch, name, args.view, cost)

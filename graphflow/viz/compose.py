@@ -94,7 +94,7 @@ def _legend(parts: int) -> Group:
                            data={"worker": str(w)}, title=f"highlight worker {w}"))
         x += 84
     items.append(Rect(x, 0, 14, 14, fill=REPLICATED_FILL, stroke=MUTED))
-    items.append(Text(x + 19, 11, "fed to every worker", 11))
+    items.append(Text(x + 19, 11, "fed where it is read", 11))
     x += 140
     items.append(Path([(x, 7), (x + 26, 7)], CUT, 2.0))
     items.append(Text(x + 31, 11, "cut: bytes per step", 11))

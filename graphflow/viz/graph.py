@@ -65,7 +65,8 @@ def draw_graph(d: Diagram, prefix: str = "") -> tuple[Group, float, float]:
 
 
 def tooltip(b: Box) -> str:
-    workers = ", ".join(f"w{w} {100 * s:.0f}%" for w, s in b.workers) or "every worker (fed)"
+    workers = (", ".join(f"w{w} {100 * s:.0f}%" for w, s in b.workers)
+               or "a copy on each worker that reads it")
     return "\n".join([b.label, f"ops: {b.ops}", f"output: {b.shape}",
                       f"FLOPs per step (fwd+bwd): {fmt_flops(b.flops)}",
                       f"parameters: {fmt_count(b.params)} ({fmt_bytes(b.param_bytes)})",

@@ -1,0 +1,115 @@
+"""A user's mistakes at the command line: each is a usage error (exit 2) or an error (exit 1)
+on stderr that names what was wrong and where, never a traceback or a silent no-op."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import graphflow as gf
+from graphflow.modelspec import figure_batch
+from graphflow.trace.summary import steady
+
+
+def model_file(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_a_model_files_own_mistakes_name_its_file_and_line(cli_here, tmp_path):
+    bad = model_file(tmp_path, "syntax.py", "import graphflow as gf\ndef build_model(:\n")
+    code, _, err = cli_here("show", bad)
+    assert code == 1 and f"syntax error at {bad}:2" in err and "Traceback" not in err, err
+    raises = model_file(tmp_path, "raises.py", """\
+        def helper():
+            raise RuntimeError("no data here")
+
+        def build_model():
+            return helper()
+        """)
+    code, _, err = cli_here("show", raises)
+    assert code == 1 and "build_model() raised RuntimeError: no data here" in err, err
+    assert f"(at {raises}:2)" in err
+    imports = model_file(tmp_path, "imports.py", "import graphflow as gf\nimport no_such_pkg_9\n")
+    code, _, err = cli_here("show", imports)
+    assert code == 1 and "No module named 'no_such_pkg_9'" in err and f"{imports}:2" in err, err
+    code, _, err = cli_here("show", "no_such_pkg_9.models")  # a module that is not there
+    assert code == 1 and "no module named 'no_such_pkg_9'" in err, err
+
+
+def test_options_that_would_do_nothing_are_refused(cli_here):
+    for args, named in [(["--sync", "bsp"], "--sync"), (["--compress", "float16"], "--compress"),
+                        (["--checkpoint-dir", "ck"], "--checkpoint-dir"),
+                        (["--strategy", "layerwise"], "--strategy"),
+                        (["--parts", "2", "--microbatches", "2"], "--strategy layerwise"),
+                        (["--parts", "2", "--strategy", "layerwise", "--schedule", "gpipe"],
+                         "--microbatches")]:
+        code, _, err = cli_here("train", "digits-lc", "--steps", "1", *args)
+        assert code == 2 and named in err, (args, err)
+
+
+def test_bad_values_are_usage_errors_naming_the_option(cli_here):
+    for value in ("0", "nan", "-1", "inf"):
+        code, _, err = cli_here("train", "--lr", value)
+        assert code == 2 and "--lr" in err and "must be > 0 and finite" in err, (value, err)
+    code, _, err = cli_here("train", "--replicas", "2", "--compress", "topk:2")
+    assert code == 2 and "--compress" in err and "0 < F <= 1" in err, err
+    code, _, err = cli_here("worker", "--listen", "tcp://127.0.0.1:70000")
+    assert code == 2 and "1 to 65535" in err and "70000" in err, err  # zmq would wrap it to 4464
+
+
+def test_a_fixed_batch_is_the_figures_batch(cli_here, tmp_path):
+    with gf.Graph() as g:
+        gf.placeholder("x", (8, 20))
+    assert figure_batch(g, None) == figure_batch(g, 8) == 8
+    with pytest.raises(gf.GraphflowError, match=r"placeholder 'x' \(8, 20\) fixes its batch"):
+        figure_batch(g, 64)
+    with gf.Graph() as g:
+        gf.placeholder("x", (None, 20))
+    assert figure_batch(g, None) == 64 and figure_batch(g, 5) == 5
+    fixed = model_file(tmp_path, "fixed.py", """\
+        import graphflow as gf
+
+        def build_model():
+            with gf.Graph() as g:
+                x = gf.placeholder("x", (8, 20))
+                y = gf.placeholder("y", (8,), dtype="int32")
+                loss = gf.softmax_cross_entropy(gf.layers.dense(x, 5, name="fc"), y)
+            return g, loss
+        """)
+    code, out, err = cli_here("show", fixed, "--parts", "2", "--estimate")
+    assert code == 0 and "batch 8" in out, (out, err)
+
+
+def test_the_timeline_summary_leaves_the_compiling_step_out():
+    steps = [(0.0, 1000.0), (1000.0, 1100.0), (1100.0, 1200.0), (1200.0, 1300.0)]
+    assert steady(steps) == steps[1:]
+    assert steady(steps, last=2) == steps[-2:]
+    assert steady(steps[:2]) == steps[:2]  # too few to leave one out
+
+
+def test_output_cut_short_by_a_closed_pipe_is_no_error():
+    r, w = os.pipe()
+    os.close(r)  # like `graphflow ops | head -1` once head has gone
+    try:
+        p = subprocess.run([sys.executable, "-m", "graphflow.cli", "ops"], stdout=w,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(w)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
+def test_a_cluster_names_the_shape_the_caller_fed_not_a_workers_cut():
+    m = gf.models.digits_lc(batch=None)
+    plan = gf.partition(m.graph, 2, "spatial", loss=m.loss)
+    x = np.zeros((4, 1, 32, 32), np.float32)
+    y = np.zeros(4, np.int32)
+    with gf.Cluster(plan) as cluster:
+        with pytest.raises(gf.ShapeError, match=r"fed shape \(4, 1, 5, 32\), expected "
+                                                r"\(N, 1, 32, 32\)"):
+            cluster.step({"x": x[:, :, :5], "y": y})
+        assert np.isfinite(cluster.step({"x": x, "y": y})["loss"])  # and it still steps
