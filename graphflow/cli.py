@@ -106,13 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     _worker_arguments(sub.add_parser(
         "worker", help="serve one worker for a driver on another machine", **WORKER))
 
-    ps = sub.add_parser("ps", help="serve one parameter-server shard",
-                        description="Serve one parameter-server shard (normally the replica "
-                                    "manager starts these itself).",
-                        epilog="example: graphflow ps --listen tcp://10.0.0.5:6000 --index 0 "
-                               "--shards 2 --checkpoint-dir /var/tmp/ps0")
+    # (listed here; main() hands `graphflow ps ...` to graphflow.ps's own parser)
+    ps = sub.add_parser("ps", help="serve one parameter-server shard")
     ps.add_argument("args", nargs=argparse.REMAINDER, help="see `graphflow ps --help`")
-    # (main() hands `graphflow ps ...` to graphflow.ps's own parser before this one runs)
     return p
 
 

@@ -180,12 +180,13 @@ class DataParallelTrainer(Trainer):
 
     def _fit(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], steps: int,
              progress: bool = True, log_every: int = 10) -> History:
-        """`steps` mini-batches in all, each taken by whichever replica is free."""
-        with Progress(steps, "train", enabled=progress) as bar:
+        """`steps` mini-batches in all, each taken by whichever replica is free (lockstep
+        modes: rounded up to whole rounds, `ReplicaManager.steps_to_run`)."""
+        with Progress(self.manager.steps_to_run(steps), "train", enabled=progress) as bar:
             def report(done: int, loss: float) -> None:
                 bar.update(done - bar.done, loss=loss)
             record = self.manager.fit(batches, steps, progress=report)
-        self.step_count += steps
+        self.step_count += record.steps_run
         history = History()
         merged = sorted(x for losses in record.losses.values() for x in losses)
         for i, (_, _, loss) in enumerate(merged):

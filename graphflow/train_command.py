@@ -129,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         data, shift = datasets.synthetic_for(model, n=4 * batch, seed=args.seed), 0
     trainer = _trainer(args, model, OPTIMIZERS[args.optimizer](lr), batch)
+    manager = trainer.manager if isinstance(trainer, DataParallelTrainer) else None
+    told = _note(manager.record.notes if manager else [])  # shards resumed from checkpoints
     start = time.perf_counter()
     try:
         history = trainer.fit(datasets.batches(data.x_train, data.y_train, batch,
@@ -144,8 +146,10 @@ def run(args: argparse.Namespace) -> int:
     result = {"workload": args.workload, "steps": steps, "batch": batch, "seconds": took,
               "final_loss": history.losses[-1] if history.losses else None}
     if record is not None:
+        _note(record.notes[told:])  # steps rounded up to whole lockstep rounds, failures
+        steps = result["steps"] = record.steps_run
         result["replica_steps"] = {str(r): n for r, n in sorted(record.steps_done.items())}
-        result["failures"] = record.failures
+        result["failures"], result["notes"] = record.failures, record.notes
     if accuracy is not None:
         result["test_accuracy"] = accuracy
         result["test_examples"] = len(data.y_test)
@@ -158,6 +162,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"test accuracy {100 * result['test_accuracy']:.2f}% on "
                   f"{result['test_examples']} held-out digits")
     return 0
+
+
+def _note(notes: list[str]) -> int:
+    for note in notes:
+        print(f"graphflow train: note: {note}", file=sys.stderr)
+    return len(notes)
 
 
 def _trainer(args: argparse.Namespace, model: Model, optimizer: Optimizer,
@@ -253,6 +263,9 @@ def conflict(args: argparse.Namespace) -> str | None:
     if args.timeout is not None and not split:
         return ("--timeout is a split model's workers': it needs --parts N (N > 1) or "
                 "--cluster FILE, and no --replicas")
+    if args.warm_start and args.sync in ("bsp", "allreduce"):
+        return (f"--warm-start: replica 0 cannot run alone with --sync {args.sync}, whose "
+                "every step waits for every replica")
     if args.connect_timeout is not None and not (args.cluster and args.replicas == 1):
         return "--connect-timeout is for --cluster workers (and no --replicas)"
     return None

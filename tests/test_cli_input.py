@@ -1,6 +1,7 @@
 """A user's mistakes at the command line: each is a usage error (exit 2) or an error (exit 1)
 on stderr that names what was wrong and where, never a traceback or a silent no-op."""
 
+import json
 import os
 import subprocess
 import sys
@@ -113,3 +114,17 @@ def test_a_cluster_names_the_shape_the_caller_fed_not_a_workers_cut():
                                                 r"\(N, 1, 32, 32\)"):
             cluster.step({"x": x[:, :, :5], "y": y})
         assert np.isfinite(cluster.step({"x": x, "y": y})["loss"])  # and it still steps
+
+
+def test_a_lockstep_run_says_it_rounded_its_steps_up(cli_here):
+    r = subprocess.run([sys.executable, "-m", "graphflow.cli", "train", "digits-lc",
+                        "--replicas", "2", "--sync", "allreduce", "--steps", "3", "--json",
+                        "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    note = "allreduce runs its 2 replicas in lockstep: 3 steps rounded up to 4 (2 each)"
+    assert f"graphflow train: note: {note}" in r.stderr
+    result = json.loads(r.stdout)
+    assert result["steps"] == 4 and result["replica_steps"] == {"0": 2, "1": 2}
+    assert result["notes"] == [note] and result["failures"] == []
+    code, _, err = cli_here("train", "--replicas", "2", "--sync", "bsp", "--warm-start", "3")
+    assert code == 2 and "--warm-start" in err and "bsp" in err, err

@@ -81,7 +81,7 @@ def test_adagrad_on_two_shards_equals_local_adagrad(two_shards):
     client = PSClient([t.address for t in two_shards], layout, timeout=5.0)
     spec = {"name": "adagrad", "lr": 0.05, "eps": 1e-8, "initial_accumulator": 0.1}
     assert client.init(values, spec, [0]) == {"restored": False, "versions": {
-        sl.key: 0 for sl in layout.slices}}
+        sl.key: 0 for sl in layout.slices}, "resumed": {}}
     local, expected = Adagrad(0.05, 1e-8, 0.1), {n: v.copy() for n, v in values.items()}
     rng = np.random.default_rng(1)
     for step in range(5):
@@ -295,7 +295,9 @@ def test_checkpoint_round_trip_restores_everything(tmp_path):
     assert back.pending[0].pushed == {"w[0:6]": {1}}
     assert back.push(0, 2, {"w[0:6]": np.ones(6, np.float32)})["duplicate"]  # still applied
     init = back.init({"w[0:6]": np.zeros(6, np.float32)}, {"name": "sgd", "lr": 1.0}, [0, 1, 2])
-    assert init == {"restored": True, "versions": {"w[0:6]": 3}}  # the checkpoint's values win
+    assert init == {"restored": True, "versions": {"w[0:6]": 3},  # the checkpoint's values win
+                    "resumed": {"path": paths[-1], "dir": str(tmp_path), "updates": 3,
+                                "optimizer": shard.optimizer.spec()}}  # (sgd was asked for)
     np.testing.assert_array_equal(back.params["w[0:6]"], shard.params["w[0:6]"])
 
 

@@ -1,4 +1,5 @@
-"""`python -m graphflow.ps`: one parameter-server shard in this process.
+"""`python -m graphflow.ps`: one parameter-server shard in this process (normally the replica
+manager starts these itself).
 
     python -m graphflow.ps --listen ipc:///tmp/ps/ps0 --index 0 --shards 2 \\
         --checkpoint-dir /tmp/ps/ckpt --checkpoint-every 200
@@ -17,7 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
-from graphflow.argtypes import count, non_negative
+from graphflow.argtypes import count, listen_address, non_negative
 from graphflow.errors import GraphflowError
 from graphflow.lifetime import exit_with_parent
 from graphflow.ps.server import serve_shard
@@ -25,11 +26,12 @@ from graphflow.ps.server import serve_shard
 
 def parser(prog: str = "python -m graphflow.ps") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=prog, description=__doc__,
+        prog=prog, description=__doc__.replace("python -m graphflow.ps", prog),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example: python -m graphflow.ps --listen tcp://127.0.0.1:5700 --index 0 "
+        epilog=f"example: {prog} --listen tcp://127.0.0.1:5700 --index 0 "
                "--shards 1 --checkpoint-dir ckpt --checkpoint-seconds 30")
-    p.add_argument("--listen", required=True, help="address to bind (ipc://, tcp://, ...)")
+    p.add_argument("--listen", required=True, type=listen_address,
+                   help="address to bind (ipc://, tcp://, ...)")
     p.add_argument("--index", type=non_negative, default=0, help="this shard's index (0)")
     p.add_argument("--shards", type=count, default=1, help="how many shards there are (1)")
     p.add_argument("--checkpoint-dir", type=Path, default=None,

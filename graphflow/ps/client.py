@@ -109,16 +109,21 @@ class PSClient:
     # -- parameters ------------------------------------------------------------------------------
     def init(self, values_by_name: Mapping[str, np.ndarray], optimizer_spec: Mapping[str, Any],
              replicas: Collection[int], staleness: int | None = None,
-             bsp_deadline: float = 30.0) -> dict[str, Any]:
-        """Give the shards their slices (a restored shard keeps its own), the optimizer and
-        the replicas. {"restored": any shard restored, "versions": {key: version}}."""
+             bsp_deadline: float = 30.0, run: str | None = None) -> dict[str, Any]:
+        """Give the shards their slices (a restored shard keeps its own, and refuses other
+        slices than it holds: RemoteError), the optimizer and the replicas; `run` names the
+        driver's run (see Shard.init). {"restored": any shard restored, "versions": {key:
+        version}, "resumed": {shard: {"path", "dir", "updates"[, "optimizer"]}} of the shards
+        restored from a checkpoint}."""
         split = self.layout.split(values_by_name)
         common = {"optimizer": dict(optimizer_spec), "replicas": list(replicas),
-                  "staleness": staleness, "bsp_deadline": bsp_deadline}
+                  "staleness": staleness, "bsp_deadline": bsp_deadline,
+                  **({"run": run} if run is not None else {})}
         out = self._fan("init", {s: {"values": split.get(s, {}), **common}
                                  for s in self.shards})
         return {"restored": any(r["restored"] for r in out.values()),
-                "versions": {k: v for r in out.values() for k, v in r["versions"].items()}}
+                "versions": {k: v for r in out.values() for k, v in r["versions"].items()},
+                "resumed": {s: r["resumed"] for s, r in sorted(out.items()) if "resumed" in r}}
 
     def fetch(self, min_version: int = 0, wait: float | None = None) -> dict[str, np.ndarray]:
         """{name: array} of this client's parameters, once every slice's version is at least

@@ -157,6 +157,27 @@ class Layout:
         return f"Layout({len(self.shapes)} parameters, {self.shards} shards, bytes [{per}])"
 
 
+def slices_differ(held: Mapping[str, int], asked: Mapping[str, int]) -> str | None:
+    """How the slices `asked` for (key -> size) differ from those `held`, told by the first
+    parameter that differs; None if they are the same.
+
+        >>> slices_differ({"w[0:4]": 4}, {"w[0:2]": 2, "b[0:3]": 3})
+        "parameter 'b': none held, b[0:3] asked for"
+    """
+    if dict(held) == dict(asked):
+        return None
+    by_name: dict[str, tuple[list[str], list[str]]] = {}
+    for i, keys in enumerate((held, asked)):
+        for key in sorted(keys):
+            by_name.setdefault(key.rsplit("[", 1)[0], ([], []))[i].append(key)
+    for name, (h, a) in sorted(by_name.items()):
+        if h != a:
+            return (f"parameter '{name}': {', '.join(h) or 'none'} held, "
+                    f"{', '.join(a) or 'none'} asked for")
+    key = next(k for k in sorted(asked) if held[k] != asked[k])
+    return f"slice '{key}': {held[key]} values held, {asked[key]} asked for"
+
+
 def _cut(shapes: Mapping[str, tuple[int, ...]], shards: int) -> list[Slice]:
     sizes = {n: math.prod(s) for n, s in shapes.items()}
     total = sum(sizes.values())

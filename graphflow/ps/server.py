@@ -66,6 +66,7 @@ def serve(shard: Shard, listen: str, stop: threading.Event | None = None,
             except Exception:  # noqa: BLE001 - logged; one failure must not stop the shard
                 log.exception("shard %d: applying updates or periodic work failed; serving on",
                               shard.index)
+        shard.stopped()
 
 
 def serve_shard(listen: str, index: int = 0, shards: int = 1, *,

@@ -34,6 +34,7 @@ from graphflow.ops import aligned
 from graphflow.optim import Optimizer
 from graphflow.ps import checkpoint as ckpt
 from graphflow.ps.barrier import BspBarrier, BspStep
+from graphflow.ps.layout import slices_differ
 from graphflow.ps.vectors import VectorOps
 from graphflow.runtime.worker import make_optimizer
 
@@ -52,9 +53,10 @@ class ShardError(GraphflowError):
 class Shard(VectorOps, BspBarrier):
     """The state of shard `index` and its handlers (`handlers()`: method name -> callable).
 
-    With `checkpoint_dir`, the newest checkpoint of this index found there is loaded at once,
-    and `tick()` writes one every `checkpoint_every` applied updates and/or every
-    `checkpoint_seconds` s (0: never) when something changed.
+    With `checkpoint_dir`, the newest checkpoint of this index found there is loaded at once
+    (`restored_from`; `init` then checks it holds the slices asked for), and `tick()` writes
+    one every `checkpoint_every` applied updates and/or every `checkpoint_seconds` s (0: never)
+    when something changed.
     """
 
     def __init__(self, index: int = 0, shards: int = 1,
@@ -81,6 +83,8 @@ class Shard(VectorOps, BspBarrier):
         self.pending: dict[int, BspStep] = {}
         self.counts = {"updates": 0, "duplicates": 0, "checkpoints": 0}
         self.restored_from: Path | None = None
+        self.run: str | None = None  # the driver's run these replicas' steps belong to
+        self._resumed: dict[str, Any] = {}  # what init reports of a restore
         self.boot = os.urandom(6).hex()
         self.stopping = False
         self.defer_updates = False  # set by the server: apply after the reply went out
@@ -92,6 +96,8 @@ class Shard(VectorOps, BspBarrier):
             if found is not None:
                 self._install(found[1])
                 self.restored_from = found[0]
+                self._resumed = {"path": str(found[0]), "dir": str(self.checkpoint_dir),
+                                 "updates": max(self.versions.values(), default=0)}
                 log.warning("shard %d: restored %s (%d slices, %d updates)", index, found[0],
                             len(self.params), self.counts["updates"])
 
@@ -102,13 +108,26 @@ class Shard(VectorOps, BspBarrier):
     # -- parameters --------------------------------------------------------------------------
     def init(self, values: Mapping[str, np.ndarray], optimizer: Mapping[str, Any],
              replicas: Collection[int], staleness: int | None = None,
-             bsp_deadline: float = 30.0) -> dict[str, Any]:
-        """Take the slices this shard does not hold yet (a restored checkpoint's win), the
-        optimizer (a spec dict) and the replicas. Idempotent: a second init only adds. With a
-        checkpoint directory, new slices are checkpointed at once."""
+             bsp_deadline: float = 30.0, run: str | None = None) -> dict[str, Any]:
+        """Take the slices this shard does not hold yet, the optimizer (a spec dict) and the
+        replicas. Idempotent: a second init only adds. With a checkpoint directory, new
+        slices are checkpointed at once.
+
+        A shard restored from a checkpoint keeps its values and optimizer and must be asked
+        for exactly its slices (else ShardError: mixing two models' slices corrupts both); its
+        reply's "resumed" is {"path", "dir", "updates" (of its most updated slice)}, with
+        "optimizer" if it keeps another one than asked for. An init naming another `run` than
+        the one held starts that run on the parameters held: the replicas' pushed steps,
+        clocks, live set, held bsp steps and vectors are forgotten (the new run counts its
+        steps from 0 again: its pushes would be taken for repeats)."""
         built = make_optimizer(optimizer)
         if built is None:
             raise ShardError(f"shard {self.index}: init needs an optimizer spec")
+        new_run = run is not None and run != self.run
+        if self.params and (self.restored_from is not None or new_run):
+            self._check_layout(values)
+        if new_run:
+            self._start_run(run)
         if self.optimizer is None:
             self.optimizer = _warmed(built)
         elif self.optimizer.spec() != built.spec():
@@ -124,10 +143,39 @@ class Shard(VectorOps, BspBarrier):
                 self.live.add(r)
                 self.clock.setdefault(r, 0)
         self.staleness, self.bsp_deadline = staleness, float(bsp_deadline)
-        if added and self.checkpoint_dir is not None:
+        if (added or new_run) and self.checkpoint_dir is not None:
             self.checkpoint()  # so that a shard restarted before its first update resumes
-        return {"restored": self.restored_from is not None,
-                "versions": {k: self.versions[k] for k in values}}
+        reply = {"restored": self.restored_from is not None,
+                 "versions": {k: self.versions[k] for k in values}}
+        if self.restored_from is not None:
+            kept = self.optimizer.spec()
+            reply["resumed"] = {**self._resumed, **({"optimizer": kept}
+                                                     if kept != built.spec() else {})}
+        return reply
+
+    def _check_layout(self, values: Mapping[str, np.ndarray]) -> None:
+        held = {k: v.size for k, v in self.params.items()}
+        wrong = slices_differ(held, {k: np.size(v) for k, v in values.items()})
+        if wrong is None:
+            return
+        where = (f"its checkpoint {self.restored_from}" if self.restored_from is not None
+                 else "an earlier run")
+        raise ShardError(
+            f"shard {self.index}: the slices from {where} are not this run's ({wrong}): "
+            + ("the checkpoint directory holds another model's or another shard count's "
+               f"parameters; use another one or empty {self.checkpoint_dir}"
+               if self.restored_from is not None else "use fresh shards for another model"))
+
+    def _start_run(self, run: str | None) -> None:
+        """Forget the replicas of the run held (see `init`)."""
+        if self.run is not None or self.replicas:
+            log.info("shard %d: run %s starts on the parameters of run %s", self.index, run,
+                     self.run)
+        self.run = run
+        self.last_step, self.clock, self.live, self.replicas = {}, {}, set(), set()
+        self.pending, self.vectors, self.accepted = {}, {}, {}
+        self.clock_log.clear()
+        self._ops_done.clear()
 
     def fetch(self, keys: Collection[str] | None = None, min_version: int = 0,
               ) -> dict[str, Any]:
@@ -252,6 +300,13 @@ class Shard(VectorOps, BspBarrier):
             self.checkpoint()
 
     # -- checkpoints and administration --------------------------------------------------------
+    def stopped(self) -> None:
+        """At a clean stop: checkpoint the updates since the last checkpoint, so that a run
+        resumed from this directory starts where this one ended."""
+        self.flush()
+        if self.checkpoint_dir is not None and self._changes:
+            self.checkpoint()
+
     def checkpoint(self) -> str:
         """Write a checkpoint now; its path."""
         if self.checkpoint_dir is None:
@@ -266,7 +321,8 @@ class Shard(VectorOps, BspBarrier):
         self.flush()
         opt = self.optimizer
         return {
-            "format": 1, "index": self.index, "params": self.params, "versions": self.versions,
+            "format": 1, "index": self.index, "run": self.run, "params": self.params,
+            "versions": self.versions,
             "optimizer": opt.spec() if opt else None, "slots": opt.state if opt else {},
             "last_step": {k: sorted(v.items()) for k, v in self.last_step.items()},
             "clock": sorted(self.clock.items()), "live": sorted(self.live),
@@ -278,7 +334,7 @@ class Shard(VectorOps, BspBarrier):
 
     def _install(self, st: dict[str, Any]) -> None:
         self.optimizer = st["optimizer"]
-        for name in ("params", "versions", "last_step", "clock", "live", "replicas",
+        for name in ("run", "params", "versions", "last_step", "clock", "live", "replicas",
                      "staleness", "bsp_deadline", "vectors", "accepted"):
             setattr(self, name, st[name])
         self.counts.update(st["counts"], checkpoints=0)
@@ -311,7 +367,9 @@ def _parse_state(st: Any) -> dict[str, Any]:
         opt.state = {str(k): {str(s): _flat(a).copy() for s, a in slots.items()}
                      for k, slots in st["slots"].items()}
     pairs = lambda rows: {int(a): int(b) for a, b in rows}  # noqa: E731
+    run = st.get("run")  # (absent before runs were named)
     return {
+        "run": None if run is None else str(run),
         "params": {k: v.copy() for k, v in params.items()},
         "versions": {str(k): int(v) for k, v in st["versions"].items()},
         "optimizer": opt, "last_step": {str(k): pairs(v) for k, v in st["last_step"].items()},

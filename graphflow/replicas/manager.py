@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlparse
@@ -33,6 +34,7 @@ from graphflow.optim import Optimizer
 from graphflow.partitioners.plan import Plan
 from graphflow.ps.client import PSClient
 from graphflow.ps.layout import Layout
+from graphflow.replicas.feed import LOCKSTEP, Feed
 from graphflow.replicas.link import MODES as PS_MODES
 from graphflow.replicas.shards import ShardGroup
 from graphflow.runtime.cluster import Cluster
@@ -49,8 +51,9 @@ class ReplicaOptions:
     server, allreduce (synchronous, no PS: `algorithm` ring or tree) or sandblaster (L-BFGS,
     one iteration per batch, cut into `portions`; the optimizer is not used); `n_fetch` / `n_push`:
     downpour's fetch and push intervals in steps; `staleness`: ssp's s; `warm_start`: steps
-    replica 0 runs alone first; `compress`: None, "float16" or "topk:FRACTION"; `slow`:
-    replica -> seconds added to each of its steps (for experiments and tests).
+    replica 0 runs alone first (downpour; ssp up to staleness + 1); `compress`: None,
+    "float16" or "topk:FRACTION"; `slow`: replica -> seconds added to each of its steps (for
+    experiments and tests).
 
     Placement: `placement` threads or processes of this machine, or `hosts`: the control
     addresses of `graphflow worker`s elsewhere, replicas x parts of them (replica r gets
@@ -84,6 +87,12 @@ class ReplicaOptions:
         if self.hosts and not self.ps_host and self.mode != "allreduce":
             raise ValueError("replicas on remote workers need ps_host: an address of this "
                              "machine the workers reach, for the parameter-server shards")
+        if self.warm_start and (self.mode in LOCKSTEP or (
+                self.mode == "ssp" and self.warm_start > self.staleness + 1)):
+            # (replica 0 would wait at its first barrier, or the ssp gate, for the others)
+            raise ValueError(f"warm_start {self.warm_start}: replica 0 cannot run alone in "
+                             f"{self.mode} mode" + (f" past staleness {self.staleness} + 1"
+                                                    if self.mode == "ssp" else ""))
 
     def with_cluster_file(self, path: str) -> ReplicaOptions:
         """These options with `hosts` and `ps_host` from a TOML cluster file:
@@ -97,48 +106,31 @@ class ReplicaOptions:
 
 @dataclass
 class Record:
-    """What a run did: per replica losses, evaluations over time, failures."""
+    """What a run did: per replica losses, evaluations over time, failures; `steps_done` per
+    replica and `steps_run` in all by the last fit; `notes` for the user: shards resumed from
+    a checkpoint, steps rounded up to whole lockstep rounds."""
 
     losses: dict[int, list[tuple[float, int, float]]] = field(default_factory=dict)  # t,step,loss
     evals: list[tuple[float, int, float]] = field(default_factory=list)  # time, steps, acc
     failures: list[str] = field(default_factory=list)
     steps_done: dict[int, int] = field(default_factory=dict)
+    steps_run: int = 0
+    notes: list[str] = field(default_factory=list)
 
 
-class _Feed:
-    """The shared stream of batches, handed out one at a time up to `steps`. A batch whose
-    replica failed on it is given back; a replica asking while others still hold batches
-    waits, since one of those may come back."""
-
-    def __init__(self, it: Iterator[tuple[np.ndarray, np.ndarray]], steps: int) -> None:
-        self._it, self.steps = it, steps
-        self.taken = self.done = 0
-        self._returned: list[tuple[np.ndarray, np.ndarray]] = []
-        self._changed = threading.Condition()
-
-    def next(self) -> tuple[np.ndarray, np.ndarray] | None:
-        with self._changed:
-            while self.taken >= self.steps and self.done < self.steps:
-                self._changed.wait()
-            if self.taken >= self.steps:
-                return None
-            self.taken += 1
-            return self._returned.pop() if self._returned else next(self._it)
-
-    def finished(self) -> None:
-        with self._changed:
-            self.done += 1
-            self._changed.notify_all()
-
-    def give_back(self, batch: tuple[np.ndarray, np.ndarray]) -> None:
-        with self._changed:
-            self.taken -= 1
-            self._returned.append(batch)
-            self._changed.notify_all()
+def resume_note(shard: int, info: dict[str, Any]) -> str:
+    """What to tell the user of a shard that resumed from a checkpoint (PSClient.init's
+    "resumed" entry): "resuming shard 0 from ck/shard0-0000000003.npz (40 updates)"."""
+    note = f"resuming shard {shard} from {info['path']} ({info['updates']} updates)"
+    if "optimizer" in info:
+        note += f", with its optimizer {info['optimizer']}, not the one asked for"
+    return note
 
 
 class ReplicaManager:
-    """Runs `replicas` copies of `plan` against `shards` parameter-server shards."""
+    """Runs `replicas` copies of `plan` against `shards` parameter-server shards. Shards
+    that resumed from a checkpoint are in `resumed` ({shard: {"path", "updates", ...}}) and
+    noted in `record.notes`."""
 
     def __init__(self, model: Model, plan: Plan, optimizer: Optimizer, replicas: int = 2,
                  shards: int = 2, options: ReplicaOptions | None = None) -> None:
@@ -159,6 +151,7 @@ class ReplicaManager:
         self._t0 = time.perf_counter()
         self._last_loss = float("nan")
         self._failed: set[int] = set()
+        self.resumed: dict[int, dict[str, Any]] = {}  # shard -> what it resumed from
         try:
             self._start()
         except BaseException:
@@ -183,8 +176,11 @@ class ReplicaManager:
         shapes = {name: value.shape for name, value in initial.items()}
         self.layout = Layout.build(shapes, len(self.shards.addresses))
         self.client = self._client()
-        self.client.init(initial, self.optimizer.spec(), list(range(self.replicas)),
-                         staleness=o.staleness, bsp_deadline=o.bsp_deadline)
+        init = self.client.init(initial, self.optimizer.spec(), list(range(self.replicas)),
+                                staleness=o.staleness, bsp_deadline=o.bsp_deadline,
+                                run=uuid.uuid4().hex)
+        self.resumed = init["resumed"]
+        self.record.notes += [resume_note(s, info) for s, info in self.resumed.items()]
         if o.mode == "sandblaster":
             return  # its replicas fetch and accumulate from the driver (sandblaster.py)
         for r, cluster in enumerate(self.clusters):
@@ -230,18 +226,25 @@ class ReplicaManager:
             ) -> Record:
         """Train until the replicas together have run `steps` steps: each replica takes the
         next batch of `batches` when it is ready for one (so the data is sharded by who is
-        free: a faster replica sees more of it). With `evaluate` = (x_test, y_test) the PS's
-        parameters are scored every `eval_every` s meanwhile and at the end. Sandblaster: `steps`
-        L-BFGS iterations, one batch each."""
+        free: a faster replica sees more of it). In the lockstep modes (bsp, allreduce) every
+        live replica runs the same number of steps, so `steps` is rounded up to a multiple of
+        the live replicas (`steps_to_run`; a note in `Record.notes` says so), and a replica
+        that fails leaves its share to the others. `Record.steps_run`: the steps run in all.
+        With `evaluate` = (x_test, y_test) the PS's parameters are scored every `eval_every` s
+        meanwhile and at the end. Sandblaster: `steps` L-BFGS iterations, one batch each."""
         if self.options.mode == "sandblaster":
             return self._fit_sandblaster(batches, steps, evaluate, eval_every, progress)
-        feed = _Feed(iter(batches), steps)
-        warm = threading.Event()
-        if self.options.warm_start == 0:
-            warm.set()
-        threads = [threading.Thread(target=self._replica_loop, args=(r, feed, warm),
-                                    daemon=True, name=f"replica{r}")
-                   for r in range(self.replicas)]
+        o, live = self.options, [r for r in range(self.replicas) if r not in self._failed]
+        if not live:
+            raise GraphflowError("every replica failed in an earlier fit: "
+                                 + "; ".join(self.record.failures))
+        feed = Feed(iter(batches), steps, live, o.mode, o.staleness, o.warm_start)
+        if feed.planned != steps:
+            self.record.notes.append(
+                f"{o.mode} runs its {len(live)} replicas in lockstep: {steps} steps rounded "
+                f"up to {feed.planned} ({feed.rounds} each)")
+        threads = [threading.Thread(target=self._replica_loop, args=(r, feed),
+                                    daemon=True, name=f"replica{r}") for r in live]
         self._t0 = time.perf_counter()
         for t in threads:
             t.start()
@@ -254,13 +257,27 @@ class ReplicaManager:
                 next_eval = time.perf_counter() - self._t0 + eval_every
             if progress is not None:
                 progress(feed.taken, self._last_loss)
-        if feed.done < steps:
-            raise GraphflowError(f"every replica failed after {feed.done} of {steps} steps: "
-                                 + "; ".join(self.record.failures))
+        self.record.steps_run = feed.total_done
+        if feed.total_done < steps:
+            raise GraphflowError(f"every replica failed after {feed.total_done} of {steps} "
+                                 "steps: " + "; ".join(self.record.failures))
+        if feed.lockstep and feed.live != set(live):
+            self.record.notes.append(
+                f"{o.mode}: after replica(s) {', '.join(map(str, sorted(set(live) - feed.live)))}"
+                f" failed, the {len(feed.live)} left ran {feed.rounds} steps each, "
+                f"{feed.total_done} in all")
         self._flush_pushes()
         if evaluate is not None:
             self.evaluate(*evaluate)
         return self.record
+
+    def steps_to_run(self, steps: int) -> int:
+        """The steps `fit(batches, steps)` runs if no replica fails: `steps`, rounded up to a
+        multiple of the live replicas in the lockstep modes (bsp, allreduce)."""
+        if self.options.mode not in LOCKSTEP:
+            return steps
+        live = self.replicas - len(self._failed)
+        return -(-steps // live) * live
 
     def _flush_pushes(self) -> None:
         """Downpour pushes on their own threads: a run ends once the live replicas' pushes
@@ -298,21 +315,18 @@ class ReplicaManager:
                     progress(i + 1, self._last_loss)
         self.record.failures += [f"replica {e['replica']}: {e['error']}" for e in sb.log
                                  if e.get("error")]
+        self.record.steps_run = steps
         return self.record
 
-    def _replica_loop(self, r: int, feed: _Feed, warm: threading.Event) -> None:
+    def _replica_loop(self, r: int, feed: Feed[tuple[np.ndarray, np.ndarray]]) -> None:
         cluster = self.clusters[r]
         assert cluster is not None
         losses = self.record.losses.setdefault(r, [])
         x_name, y_name = self.model.x.name, self.model.y.name
-        if r > 0:
-            warm.wait()
         step, batch = 0, None
         try:
             while not self._stop.is_set():
-                if r > 0 or step >= self.options.warm_start:
-                    warm.set()
-                batch = feed.next()
+                batch = feed.next(r)
                 if batch is None:
                     return
                 if r in self.options.slow:
@@ -323,13 +337,13 @@ class ReplicaManager:
                 step += 1
                 self.record.steps_done[r] = step
                 batch = None
-                feed.finished()
+                feed.finished(r)
         except GraphflowError as e:
-            if batch is not None:
-                feed.give_back(batch)
+            feed.failed(r, batch)
             self._replica_failed(r, step, e)
-        finally:
-            warm.set()  # never leave the others waiting for a replica that stopped
+        except BaseException:
+            feed.failed(r, batch)  # never leave the others waiting for a replica that stopped
+            raise
 
     def _replica_failed(self, r: int, step: int, error: BaseException) -> None:
         what = f"replica {r} failed at step {step}: {error}; dropped, the others go on"
