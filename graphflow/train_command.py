@@ -210,7 +210,8 @@ def _replica_setup(args: argparse.Namespace) -> tuple[int, str, ReplicaOptions]:
         warm_start=args.warm_start, compress=args.compress, placement=args.mode,
         algorithm=args.allreduce,
         shard_placement="processes" if args.checkpoint_dir else "threads",
-        checkpoint_dir=args.checkpoint_dir)
+        checkpoint_dir=args.checkpoint_dir,
+        **({"connect_timeout": args.connect_timeout} if args.connect_timeout else {}))
     parts = args.parts
     if args.cluster:  # replicas x parts remote workers, the shards here on tcp
         options = options.with_cluster_file(args.cluster)
@@ -266,6 +267,6 @@ def conflict(args: argparse.Namespace) -> str | None:
     if args.warm_start and args.sync in ("bsp", "allreduce"):
         return (f"--warm-start: replica 0 cannot run alone with --sync {args.sync}, whose "
                 "every step waits for every replica")
-    if args.connect_timeout is not None and not (args.cluster and args.replicas == 1):
-        return "--connect-timeout is for --cluster workers (and no --replicas)"
+    if args.connect_timeout is not None and not args.cluster:
+        return "--connect-timeout is for remote workers: it needs --cluster FILE"
     return None

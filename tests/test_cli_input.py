@@ -128,3 +128,12 @@ def test_a_lockstep_run_says_it_rounded_its_steps_up(cli_here):
     assert result["notes"] == [note] and result["failures"] == []
     code, _, err = cli_here("train", "--replicas", "2", "--sync", "bsp", "--warm-start", "3")
     assert code == 2 and "--warm-start" in err and "bsp" in err, err
+
+
+def test_replicas_on_remote_workers_take_the_connect_timeout(cli_here, tmp_path):
+    hosts = tmp_path / "c.toml"  # (nobody listens on these loopback ports)
+    hosts.write_text('workers = ["tcp://127.0.0.1:45901", "tcp://127.0.0.1:45902"]\n'
+                     'ps_host = "127.0.0.1"\n')
+    code, _, err = cli_here("train", "digits-lc", "--cluster", hosts, "--replicas", "2",
+                            "--connect-timeout", "0.5", "--steps", "1", "--no-progress")
+    assert code == 1 and "tcp://127.0.0.1:45901 did not answer within 0.5s" in err, err

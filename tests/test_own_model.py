@@ -215,7 +215,7 @@ def test_options_that_would_be_ignored_are_refused(model_file, tmp_path, cli_her
                             "and no --replicas"),
                            (("--check-numerics", "--replicas", "2"), "--check-numerics checks"),
                            (("--timeout", "5"), "--timeout is a split model's"),
-                           (("--parts", "2", "--connect-timeout", "5"), "is for --cluster"),
+                           (("--parts", "2", "--connect-timeout", "5"), "needs --cluster FILE"),
                            (("--parts", "2", "--timeout", "0"),
                             "must be > 0 seconds and finite, got 0")):
         code, _, err = cli_here("train", model_file, *args, "--no-progress")

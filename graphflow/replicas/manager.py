@@ -38,7 +38,7 @@ from graphflow.replicas.feed import LOCKSTEP, Feed
 from graphflow.replicas.link import MODES as PS_MODES
 from graphflow.replicas.shards import ShardGroup
 from graphflow.runtime.cluster import Cluster
-from graphflow.runtime.clusterfile import load_cluster_file
+from graphflow.runtime.clusterfile import CONNECT_TIMEOUT, load_cluster_file
 
 log = logging.getLogger("graphflow.replicas")
 
@@ -74,6 +74,7 @@ class ReplicaOptions:
     checkpoint_every: int = 200
     bsp_deadline: float = 10.0  # < timeout / 2: the barrier drops a replica before others give up
     timeout: float = 30.0
+    connect_timeout: float = CONNECT_TIMEOUT  # remote workers' time to answer the first call
     ps_timeout: float = 2.0
     slow: dict[int, float] = field(default_factory=dict)
     hosts: list[str] | None = None
@@ -168,7 +169,8 @@ class ReplicaManager:
         for r in range(self.replicas):  # (appended one by one: close() stops those started)
             hosts = o.hosts[r * parts:(r + 1) * parts] if o.hosts else None
             self.clusters.append(Cluster(self.plan, o.placement, hosts, timeout=o.timeout,
-                                         local_workers=self.replicas * parts))
+                                         local_workers=self.replicas * parts,
+                                         connect_timeout=o.connect_timeout))
         if o.mode == "allreduce":
             self._attach_allreduce()
             return

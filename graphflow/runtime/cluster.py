@@ -199,8 +199,7 @@ class Cluster:
             raise WorkerFailed(f"{e.worker} at {at} did not answer within {first:g}s: is "
                                f"`graphflow worker --listen {at}` running there and reachable? "
                                f"(or busy with another driver's step; a slow network: "
-                               f"Cluster's connect_timeout, or for one split model `graphflow "
-                               f"train --connect-timeout`)",
+                               f"connect_timeout, `graphflow train --connect-timeout`)",
                                e.worker, silent=True) from None
         for client in self.clients:
             client.timeout = wait
