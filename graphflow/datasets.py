@@ -77,6 +77,8 @@ def batches(x: np.ndarray, y: np.ndarray, batch_size: int, seed: int = 0, shift:
 
     `shift` > 0 moves each image by a random offset in [-shift, shift] pixels (zero fill).
     """
+    if len(x) != len(y):
+        raise ValueError(f"{len(x)} inputs but {len(y)} labels")
     if not 0 < batch_size <= len(x):
         raise ValueError(f"batch_size {batch_size} must be in 1..{len(x)} (the data set size)")
     rng = np.random.default_rng(seed)

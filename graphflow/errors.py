@@ -37,3 +37,15 @@ def located(node: object, message: str) -> str:
     """Prefix `message` with the node's op, name and line: `relu 'h1' (model.py:12): ...`."""
     where = getattr(node, "where", None)
     return f"{where()}: {message}" if callable(where) else message
+
+
+def count_of(value: object, what: str, minimum: int = 1) -> int:
+    """`value` if it is an int >= `minimum` (not a bool), else a ValueError naming `what`: an
+    API's counts (steps, parts, micro-batches) checked where they come in.
+
+        >>> count_of(3, "steps")
+        3
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
+    return value

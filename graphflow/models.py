@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from graphflow import layers
 from graphflow.dsl import placeholder
@@ -15,6 +18,9 @@ from graphflow.ir import Graph, Node
 from graphflow.ops.elementwise import relu, sigmoid
 from graphflow.ops.loss import softmax_cross_entropy
 from graphflow.ops.shape import flatten, transpose
+
+if TYPE_CHECKING:
+    from graphflow.executor import Session
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,29 @@ class Model:
     y: Node
     logits: Node
     loss: Node
+
+    def classes(self, session: Session, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
+        """The predicted class of each row of `x` (argmax of the logits) with `session`'s
+        parameters, `batch_size` rows a run; a graph of fixed batch N runs N at a time, the
+        last chunk padded."""
+        if len(x) == 0:
+            raise ValueError(f"{self.name}: no rows to predict")
+        size = self.x.shape[0] or batch_size
+        out = []
+        for start in range(0, len(x), size):
+            chunk = x[start:start + size]
+            n = len(chunk)
+            if n < size and self.x.shape[0] is not None:
+                chunk = np.concatenate([chunk, np.zeros((size - n, *chunk.shape[1:]),
+                                                        chunk.dtype)])
+            out.append(np.argmax(session.run(self.logits, {self.x: chunk})[:n], axis=1))
+        return np.concatenate(out)
+
+    def accuracy(self, session: Session, x: np.ndarray, y: np.ndarray) -> float:
+        """The share of rows of `x` whose predicted class is `y`'s."""
+        if len(x) != len(y):
+            raise ValueError(f"{self.name}: {len(x)} inputs but {len(y)} labels")
+        return float(np.mean(self.classes(session, x) == np.asarray(y)))
 
 
 def lc_large(batch: int | None = 64, dtype: str = "float32", seed: int = 0) -> Model:

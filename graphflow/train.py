@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from graphflow.autodiff import gradients
+from graphflow.errors import count_of
 from graphflow.executor import Session
 from graphflow.models import Model
 from graphflow.optim import Optimizer
@@ -27,6 +28,7 @@ from graphflow.prediction import best_microbatches
 from graphflow.progress import Progress
 from graphflow.runtime.cluster import Cluster
 from graphflow.runtime.clusterfile import CONNECT_TIMEOUT, TRAIN_TIMEOUT
+from graphflow.runtime.options import check_cluster_options
 from graphflow.trace import driver_span, recording
 
 if TYPE_CHECKING:
@@ -66,6 +68,8 @@ class Trainer:
         """Train for `steps` batches. With `trace`, write the run's timeline there (Chrome
         trace-event JSON: every worker's kernels, sends, receives and PS calls as spans; see
         graphflow.trace)."""
+        count_of(steps, "steps")
+        count_of(log_every, "log_every")
         with recording(trace):
             return self._fit(batches, steps, progress, log_every)
 
@@ -86,26 +90,28 @@ class Trainer:
 
     def _losses(self, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterator[float]:
         """A training step on each batch, in turn: its loss."""
-        for x, y in batches:
+        for x, y in pairs(batches):
             yield self.step(x, y)
 
     def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
         """Class predictions (argmax of the logits)."""
-        fixed = self.model.x.shape[0]
-        size = fixed or batch_size
-        out = []
-        for start in range(0, len(x), size):
-            chunk = x[start:start + size]
-            n = len(chunk)
-            if fixed is not None and n < fixed:  # a fixed-batch graph: pad the last chunk
-                chunk = np.concatenate([chunk, np.zeros((fixed - n, *chunk.shape[1:]),
-                                                        chunk.dtype)])
-            logits = self.session.run(self.model.logits, {self.model.x: chunk})
-            out.append(np.argmax(logits[:n], axis=1))
-        return np.concatenate(out)
+        return self.model.classes(self.session, x, batch_size)
 
     def accuracy(self, x: np.ndarray, y: np.ndarray) -> float:
-        return float(np.mean(self.predict(x) == y))
+        return self.model.accuracy(self.session, x, y)
+
+
+def pairs(batches: Iterable[tuple[np.ndarray, np.ndarray]]
+          ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The batches, each checked to be an (inputs, labels) pair of as many rows."""
+    for i, batch in enumerate(batches):
+        if not isinstance(batch, tuple | list) or len(batch) != 2:
+            raise TypeError(f"batch {i} is a {type(batch).__name__}; expected an (x, y) pair "
+                            "of arrays, as graphflow.datasets.batches yields")
+        x, y = batch
+        if len(x) != len(y):
+            raise ValueError(f"batch {i}: {len(x)} inputs but {len(y)} labels")
+        yield x, y
 
 
 class PartitionedTrainer(Trainer):
@@ -123,6 +129,8 @@ class PartitionedTrainer(Trainer):
                  schedule: str = "eager", timeout: float = TRAIN_TIMEOUT,
                  batch: int | None = None, check_numerics: bool = False,
                  connect_timeout: float = CONNECT_TIMEOUT) -> None:
+        # checked before the partitioning and the "auto" timings, not after them in Cluster
+        check_cluster_options(mode, hosts, microbatches, timeout, connect_timeout, auto=True)
         self.model, self.optimizer = model, optimizer
         self.session = Session(model.graph)
         self.plan = partition(model.graph, parts, strategy, loss=model.loss)
@@ -145,7 +153,7 @@ class PartitionedTrainer(Trainer):
     def _losses(self, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterator[float]:
         """Streamed steps (Cluster.stream): each worker starts the next step as soon as its
         part of this one is done."""
-        feeds = ({self.model.x.name: x, self.model.y.name: y} for x, y in batches)
+        feeds = ({self.model.x.name: x, self.model.y.name: y} for x, y in pairs(batches))
         for out in self.cluster.stream(feeds):
             self.step_count += 1
             yield float(out[self.model.loss.name])

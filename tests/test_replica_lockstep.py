@@ -160,3 +160,29 @@ def test_feed_ssp_holds_a_replica_too_far_ahead_without_a_batch():
     feed.finished(1)
     time.sleep(0.1)
     assert got == [3]
+
+
+@pytest.mark.parametrize("mode", ["downpour", "bsp", "allreduce"])
+def test_batches_that_run_out_end_the_run_there(digits, mode):
+    """5 batches for 8 steps: the run ends at them (lockstep: at whole rounds, the last one
+    repeated for a replica short of it), noted, no replica thread dying of StopIteration."""
+    with _manager(2, mode) as rm:
+        record, took = _timed_fit(rm, iter(_batches(digits, 5)), 8)
+        ran = 6 if mode != "downpour" else 5
+        assert record.steps_run == ran and sum(record.steps_done.values()) == ran
+        assert record.notes[-1] == f"the batches ran out after {ran} of 8 steps"
+        assert rm.fit(iter([]), 2).steps_run == 0  # none at all
+    assert not record.failures and took < DEADLINE, (record.failures, took)
+
+
+def test_counts_and_fixed_batch_evaluation_are_checked(digits):
+    with _manager(2, "downpour") as rm:
+        for steps in (0, -1, 2.5, None):
+            with pytest.raises(ValueError, match=f"steps must be an int >= 1, got {steps}"):
+                rm.fit(iter(_batches(digits, 2)), steps)
+        with pytest.raises(ValueError, match="10 inputs but 3 labels"):
+            rm.evaluate(digits.x_test[:10], digits.y_test[:3])
+    model = gf.models.digits_lc(batch=16)  # a fixed batch: evaluated 16 rows a run, padded
+    plan = partition(model.graph, 1, "spatial", loss=model.loss)
+    with ReplicaManager(model, plan, SGD(0.05), 2, 1, ReplicaOptions(timeout=8.0)) as rm:
+        assert 0.0 <= rm.evaluate(digits.x_test[:10], digits.y_test[:10]) <= 1.0

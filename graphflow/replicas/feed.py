@@ -7,6 +7,7 @@
   rounds: `steps` rounded up to a multiple of the live replicas (a replica whose partners got
   no batch would wait for them at the barrier until dropped, or time out).
 
+Batches that run out before `steps` end the run there (lockstep: at whole rounds).
 A batch whose replica failed on it is given back. A replica that would stop waits while another
 still holds a batch, since a failure there may give a batch back or (lockstep) add rounds for
 the replicas left, so that the run still has `steps` steps.
@@ -44,6 +45,8 @@ class Feed(Generic[B]):
         self.holding: set[int] = set()
         self._failed_done = 0  # steps finished by replicas that failed since
         self._returned: list[B] = []
+        self.exhausted = False  # the batches ran out before `steps`
+        self._last: B | None = None
         self._changed = threading.Condition()
 
     @property
@@ -71,9 +74,29 @@ class Feed(Generic[B]):
                 if not more and not self.holding:
                     return None
                 if more and self._may_run(r):
-                    self.holding.add(r)
-                    return self._returned.pop() if self._returned else next(self._it)
+                    batch = self._returned.pop() if self._returned else self._draw(r)
+                    if batch is not None:
+                        self.holding.add(r)
+                        return batch
+                    continue  # the batches ran out: what `more` means has changed
                 self._changed.wait()
+
+    def _draw(self, r: int) -> B | None:
+        """The next batch of the stream; once it runs out, None, and the run shrinks to what
+        was drawn (lockstep: to whole rounds, a replica short of the last round's batch
+        running the batch drawn last again)."""
+        if not self.exhausted:
+            try:
+                self._last = next(self._it)
+                return self._last
+            except StopIteration:
+                self.exhausted = True
+                self._changed.notify_all()
+        if not self.lockstep:
+            self.steps = self.taken
+            return None
+        self.rounds = max(self.done[q] + (q in self.holding) for q in self.live)
+        return self._last if self.done[r] < self.rounds else None
 
     def _may_run(self, r: int) -> bool:
         if r != 0 and 0 in self.live and self.done[0] < self.warm_start:

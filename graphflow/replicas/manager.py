@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from graphflow.errors import GraphflowError
+from graphflow.errors import GraphflowError, count_of
 from graphflow.executor import Session
 from graphflow.models import Model
 from graphflow.optim import Optimizer
@@ -234,6 +234,7 @@ class ReplicaManager:
         that fails leaves its share to the others. `Record.steps_run`: the steps run in all.
         With `evaluate` = (x_test, y_test) the PS's parameters are scored every `eval_every` s
         meanwhile and at the end. Sandblaster: `steps` L-BFGS iterations, one batch each."""
+        count_of(steps, "steps")
         if self.options.mode == "sandblaster":
             return self._fit_sandblaster(batches, steps, evaluate, eval_every, progress)
         o, live = self.options, [r for r in range(self.replicas) if r not in self._failed]
@@ -260,7 +261,10 @@ class ReplicaManager:
             if progress is not None:
                 progress(feed.taken, self._last_loss)
         self.record.steps_run = feed.total_done
-        if feed.total_done < steps:
+        if feed.exhausted and feed.live:
+            self.record.notes.append(f"the batches ran out after {feed.total_done} of "
+                                     f"{steps} steps")
+        elif feed.total_done < steps:
             raise GraphflowError(f"every replica failed after {feed.total_done} of {steps} "
                                  "steps: " + "; ".join(self.record.failures))
         if feed.lockstep and feed.live != set(live):
@@ -376,8 +380,7 @@ class ReplicaManager:
         if self._session is None:
             self._session = Session(self.model.graph)
         self._session.params.update(self.params())
-        logits = self._session.run(self.model.logits, {self.model.x: x})
-        acc = float(np.mean(np.argmax(logits, axis=1) == y))
+        acc = self.model.accuracy(self._session, x, y)
         self.record.evals.append((time.perf_counter() - self._t0,
                                   sum(self.record.steps_done.values()), acc))
         return acc
