@@ -1,10 +1,12 @@
-"""argparse types for counts: a bad value is a usage error (exit 2) naming the option, not a
-silent default or a traceback later on."""
+"""argparse types for counts and output files: a bad value is a usage error (exit 2) naming
+the option, not a silent default or a traceback later on (or after an hour's benchmark)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 
 def at_least(minimum: int) -> Callable[[str], int]:
@@ -60,15 +62,55 @@ def microbatch_count(text: str) -> int | str:
     return text if text == "auto" else count(text)
 
 
-def csv_counts(text: str) -> list[int]:
-    """An argparse type: comma-separated worker counts >= 1, sorted, always including 1."""
-    try:
-        counts = {int(s) for s in text.split(",") if s.strip()}
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a list of integers") from None
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"'{text}': worker counts must be >= 1")
-    return sorted(counts | {1})
+def csv_counts_of(noun: str, include_one: bool = True) -> Callable[[str], list[int]]:
+    """An argparse type: comma-separated `noun` counts >= 1, sorted, duplicates dropped, and
+    with 1 added when `include_one`.
+
+        >>> csv_counts_of("shard", include_one=False)("4,2")
+        [2, 4]
+    """
+    def parse(text: str) -> list[int]:
+        items = [s.strip() for s in text.split(",")]
+        if not all(items):
+            raise argparse.ArgumentTypeError(f"'{text}': an empty item in the list of {noun} "
+                                             "counts")
+        try:
+            counts = {int(s) for s in items}
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a list of integers") from None
+        if min(counts) < 1:
+            raise argparse.ArgumentTypeError(f"'{text}': {noun} counts must be >= 1")
+        return sorted(counts | {1} if include_one else counts)
+
+    return parse
+
+
+csv_counts = csv_counts_of("worker")
+
+
+def output_file(text: str) -> Path:
+    """An argparse type: a file to write at the end of a run, checked before the run: not a
+    directory, and in a writable directory. Missing parent directories are fine (writers make
+    them), as long as the nearest existing one is a writable directory.
+
+        >>> output_file("/tmp/graphflow-results/run.json")
+        PosixPath('/tmp/graphflow-results/run.json')
+    """
+    path = Path(text)
+    if not text:
+        raise argparse.ArgumentTypeError("an empty file name")
+    if path.is_dir() or text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(f"'{text}' is a directory; give a file name")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"'{text}' exists and is not writable")
+    parent = path.absolute().parent
+    while not parent.exists() and not parent.is_symlink():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"'{text}': '{parent}' is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"'{text}': the directory '{parent}' is not writable")
+    return path
 
 
 def listen_address(text: str) -> str:

@@ -1,5 +1,7 @@
 """Exceptions. Each names the node, the user's source line, what was expected and what came."""
 
+from numbers import Integral  # (NumPy's integers too)
+
 
 class GraphflowError(Exception):
     """Base class of every graphflow error."""
@@ -46,6 +48,6 @@ def count_of(value: object, what: str, minimum: int = 1) -> int:
         >>> count_of(3, "steps")
         3
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
         raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
-    return value
+    return int(value)

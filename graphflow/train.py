@@ -95,10 +95,15 @@ class Trainer:
 
     def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
         """Class predictions (argmax of the logits)."""
+        self._fetch_params()
         return self.model.classes(self.session, x, batch_size)
 
     def accuracy(self, x: np.ndarray, y: np.ndarray) -> float:
+        self._fetch_params()
         return self.model.accuracy(self.session, x, y)
+
+    def _fetch_params(self) -> None:
+        """Bring the trained parameters into `self.session` (here they are there already)."""
 
 
 def pairs(batches: Iterable[tuple[np.ndarray, np.ndarray]]
@@ -158,9 +163,8 @@ class PartitionedTrainer(Trainer):
             self.step_count += 1
             yield float(out[self.model.loss.name])
 
-    def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
+    def _fetch_params(self) -> None:
         self.session.params.update(self.plan.assemble(self.cluster.params()))
-        return super().predict(x, batch_size)
 
     def close(self) -> None:
         self.cluster.close()
@@ -203,9 +207,8 @@ class DataParallelTrainer(Trainer):
                 history.losses.append(loss)
         return history
 
-    def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
+    def _fetch_params(self) -> None:
         self.session.params.update(self.manager.params())
-        return super().predict(x, batch_size)
 
     def close(self) -> None:
         self.manager.close()

@@ -8,7 +8,14 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from graphflow.argtypes import count, learning_rate, microbatch_count, non_negative, seconds
+from graphflow.argtypes import (
+    count,
+    learning_rate,
+    microbatch_count,
+    non_negative,
+    output_file,
+    seconds,
+)
 from graphflow.runtime.clusterfile import CONNECT_TIMEOUT, TRAIN_TIMEOUT
 from graphflow.runtime.pipeline import SCHEDULES
 
@@ -46,7 +53,7 @@ def configure(sub: Any) -> None:
                    help="stop at the first node that produces NaN or inf")
     t.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
-    t.add_argument("--trace", metavar="FILE", default=None,
+    t.add_argument("--trace", metavar="FILE", type=output_file, default=None,
                    help="write the run's timeline (Chrome trace-event JSON: every worker's "
                         "kernels, sends, receives, PS calls) here; draw it with `graphflow "
                         "timeline FILE`")

@@ -11,9 +11,12 @@ from collections.abc import Callable
 
 from graphflow.autodiff import drop_gradients, gradients
 from graphflow.costmodel import CostModel
+from graphflow.errors import GraphError
 from graphflow.ir import Graph, Node
+from graphflow.models import Model
 from graphflow.partitioners import layerwise, manual, mincut, spatial
 from graphflow.partitioners.plan import Plan, Transfer, WorkerPlan
+from graphflow.partitioners.planfile import PlanError
 from graphflow.partitioners.recompute import recompute_relays
 from graphflow.partitioners.split import split
 from graphflow.serialize import graph_from_dict, graph_to_dict
@@ -32,9 +35,12 @@ STRATEGIES = sorted([*REWRITING, *PLACING])
 RECOMPUTING = {"spatial"}
 
 
-def partition(graph: Graph, parts: int, strategy: str = "spatial", loss: Node | None = None,
-              cost: object = None) -> Plan:
-    """Split `graph` (forward only) for `parts` workers; with `loss`, the plan trains it.
+def partition(graph: Graph | Model, parts: int, strategy: str = "spatial",
+              loss: Node | str | None = None, cost: CostModel | None = None) -> Plan:
+    """Split `graph` (forward only) for `parts` workers; with `loss` (a node of `graph` or
+    its name), the plan trains it. A `gf.models.Model` stands for its graph and, unless
+    `loss` is given, its loss. `cost` (a CostModel) prices the nodes the strategy balances
+    (None: each strategy's default).
 
     >>> import graphflow as gf
     >>> model = gf.models.digits_lc()
@@ -42,10 +48,7 @@ def partition(graph: Graph, parts: int, strategy: str = "spatial", loss: Node | 
     >>> plan.parts, sorted(plan.grads)[:2]
     (2, ['conv1/W', 'conv1/b'])
     """
-    if strategy not in REWRITING and strategy not in PLACING:
-        raise ValueError(f"unknown strategy '{strategy}'; known: {', '.join(STRATEGIES)}")
-    if parts < 1:
-        raise ValueError(f"parts must be at least 1, got {parts}")
+    graph, loss = check_arguments(graph, parts, strategy, loss, cost)
     g = graph_from_dict(graph_to_dict(graph))  # partitioning never changes the user's graph
     if loss is not None:  # its gradients are derived from the partitioned forward graph
         drop_gradients(g, g[loss.name])
@@ -66,6 +69,48 @@ def partition(graph: Graph, parts: int, strategy: str = "spatial", loss: Node | 
     return plan
 
 
+def check_arguments(graph: object, parts: object, strategy: object, loss: object,
+                    cost: object) -> tuple[Graph, Node | None]:
+    """partition()'s arguments, checked before any work: the graph (a Model's) and the loss
+    node (by name, or a Node of that graph); errors name the argument and the value."""
+    if isinstance(graph, Model):
+        graph, loss = graph.graph, (graph.loss if loss is None else loss)
+    if not isinstance(graph, Graph):
+        raise TypeError(f"partition: graph must be a gf.Graph (or a gf.models.Model), got "
+                        f"{type(graph).__name__} {graph!r:.60}")
+    if isinstance(parts, bool) or not isinstance(parts, int):
+        raise TypeError(f"partition: parts must be an int (how many workers), got "
+                        f"{type(parts).__name__} {parts!r}")
+    if parts < 1:
+        raise ValueError(f"partition: parts must be at least 1, got {parts}")
+    if not isinstance(strategy, str) or strategy not in STRATEGIES:
+        raise ValueError(f"partition: unknown strategy {strategy!r}; known: "
+                         f"{', '.join(STRATEGIES)}")
+    if cost is not None and not isinstance(cost, CostModel):
+        raise TypeError(f"partition: cost must be a graphflow.costmodel.CostModel or None, "
+                        f"got {type(cost).__name__} {cost!r:.60}")
+    return graph, _loss_node(graph, loss)
+
+
+def _loss_node(graph: Graph, loss: object) -> Node | None:
+    """`loss` as a node of `graph`: given by name, or a Node of it, or of a copy of it (the
+    same model built again: a node of the name, op and shape); a node of another graph that
+    merely shares a name would silently train the wrong thing."""
+    if loss is None:
+        return None
+    if isinstance(loss, str):
+        if loss not in graph:
+            raise GraphError(f"partition: loss '{loss}' is not a node of the graph")
+        return graph[loss]
+    if not isinstance(loss, Node):
+        raise TypeError(f"partition: loss must be a Node of the graph or its name, got "
+                        f"{type(loss).__name__} {loss!r:.60}")
+    mine = graph[loss.name] if loss.name in graph else None
+    if mine is None or (mine.op, mine.shape) != (loss.op, loss.shape):
+        raise GraphError(f"partition: loss {loss.where()} is a node of another graph")
+    return mine
+
+
 def _add_gradients(g: Graph, loss: Node | None) -> dict[str, str]:
     """Gradients of every parameter, keyed by parameter name -> gradient node name."""
     if loss is None:
@@ -74,5 +119,5 @@ def _add_gradients(g: Graph, loss: Node | None) -> dict[str, str]:
     return {name: node.name for name, node in gradients(g[loss.name], params).items()}
 
 
-__all__ = ["PLACING", "REWRITING", "STRATEGIES", "Plan", "Transfer", "WorkerPlan", "partition",
-           "split"]
+__all__ = ["PLACING", "REWRITING", "STRATEGIES", "Plan", "PlanError", "Transfer", "WorkerPlan",
+           "partition", "split"]

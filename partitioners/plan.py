@@ -14,13 +14,20 @@ from typing import Any
 
 import numpy as np
 
+from graphflow.errors import count_of
 from graphflow.init import assemble_blocks
 from graphflow.ir import Graph, Shape
 from graphflow.ops.registry import concrete, node_cost
+from graphflow.partitioners.planfile import (
+    FORMAT,
+    PlanError,
+    check_consistent,
+    check_fields,
+    read_json,
+    reading,
+)
 from graphflow.partitioners.recompute import original_name
 from graphflow.serialize import graph_from_dict, graph_to_dict
-
-FORMAT = "graphflow.plan/1"
 
 
 @dataclass(frozen=True)
@@ -128,7 +135,7 @@ class Plan:
                 if all(n.op in ("send", "recv") for n in w.graph.nodes)]
 
     def stats(self, batch: int) -> list[WorkerStats]:
-        out = []
+        batch, out = check_batch(batch), []
         for w in self.workers:
             nodes = [n for n in w.graph.nodes if n.op not in ("send", "recv")]
             flops = sum(node_cost(n, batch).flops for n in nodes)
@@ -143,21 +150,22 @@ class Plan:
         return out
 
     def predict(self, batch: int = 64, cost: Any = None, link: Any = None) -> Any:
-        """The cost model's prediction of one training step (graphflow.costmodel.Prediction).
-        Without `link`, the workers are this machine's: their kernels run slower while another
-        computes, as `graphflow bench speedup` last measured (`CostModel.contention`)."""
-        from graphflow.costmodel import CostModel  # the cost model imports the op table
-
-        cm = cost or CostModel.default(batch)
+        """The cost model's prediction of one training step (graphflow.costmodel.Prediction),
+        by `cost` or else the one `graphflow show` uses (`local_cost`: cached kernel times of
+        a local worker's thread share, nothing timed). Without `link`, the workers are this
+        machine's: their kernels run slower while another computes, as `graphflow bench
+        speedup` last measured (`CostModel.contention`)."""
+        batch = check_batch(batch)
+        cm = cost or local_cost(self, batch)
         return cm.predict(self.graph, self.placement, batch, link,
                           contention=cm.contention if link is None else 1.0)
 
     def report(self, batch: int = 64, cost: Any = None) -> str:
         """A table per worker: nodes, sends, receives, GFLOPs, parameter MB, MB in / out and
-        the cost model's predicted busy time, then the predicted step time."""
-        from graphflow.costmodel import CostModel
-
-        cost = cost or CostModel.default(batch)
+        the cost model's predicted busy time, then the predicted step time (`cost` as in
+        `predict`)."""
+        batch = check_batch(batch)
+        cost = cost or local_cost(self, batch)
         prediction = self.predict(batch, cost)
         busy = list(prediction.busy) + [0.0] * (self.parts - len(prediction.busy))  # idle last
         stats = self.stats(batch)
@@ -196,24 +204,64 @@ class Plan:
                           for i, cuts in self.feeds.items()}}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Plan:
-        if data.get("format") != FORMAT:
-            raise ValueError(f"not a graphflow plan (format {data.get('format')!r})")
-        transfers = [Transfer(t["key"], t["tensor"], t["src"], t["dst"], tuple(t["shape"]),
-                              t["dtype"]) for t in data["transfers"]]
-        workers = [WorkerPlan(i, graph_from_dict(g)) for i, g in enumerate(data["workers"])]
-        feeds = {int(i): {k: (int(c[0]), int(c[1]), int(c[2])) for k, c in cuts.items()}
-                 for i, cuts in data.get("feeds", {}).items()}
-        return cls(data["strategy"], graph_from_dict(data["graph"]),
-                   {k: int(v) for k, v in data["placement"].items()}, workers, transfers,
-                   data.get("loss"), data.get("grads", {}), feeds)
+    def from_dict(cls, data: Any) -> Plan:
+        """A plan from `to_dict()`'s data, its parts checked to agree (PlanError: "not a
+        graphflow plan (...)", saying what is wrong)."""
+        check_fields(data)
+        with reading("graph"):
+            graph = graph_from_dict(data["graph"])
+        workers = []
+        for i, g in enumerate(data["workers"]):
+            with reading(f"workers[{i}]"):
+                workers.append(WorkerPlan(i, graph_from_dict(g)))
+        transfers = []
+        for i, t in enumerate(data["transfers"]):
+            with reading(f"transfers[{i}]"):
+                transfers.append(Transfer(str(t["key"]), str(t["tensor"]), _index(t["src"]),
+                                          _index(t["dst"]), tuple(t["shape"]), str(t["dtype"])))
+        with reading("placement"):
+            placement = {k: _index(v) for k, v in data["placement"].items()}
+        with reading("feeds"):
+            feeds = {int(i): {k: (int(c[0]), int(c[1]), int(c[2])) for k, c in cuts.items()}
+                     for i, cuts in data.get("feeds", {}).items()}
+        plan = cls(data["strategy"], graph, placement, workers, transfers, data.get("loss"),
+                   dict(data.get("grads", {})), feeds)
+        check_consistent(plan)
+        return plan
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """The plan saved at `path`; PlanError "PATH: not a graphflow plan (...)" for a file
+        that is not one or whose parts disagree (workers cut short, a transfer to none)."""
+        data = read_json(path)
+        try:
+            return cls.from_dict(data)
+        except PlanError as e:
+            raise PlanError(f"{path}: {e}") from None
+
+
+def _index(value: Any) -> int:
+    """A worker index from JSON: an integer, not a float or a boolean that int() would take."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"worker index {value!r} is not an integer")
+    return value
+
+
+def check_batch(batch: Any) -> int:
+    """`batch` for a report or a prediction: a positive integer."""
+    return count_of(batch, "batch")
+
+
+def local_cost(plan: Plan, batch: int) -> Any:
+    """The cost model `graphflow show` and `visualize` predict `plan` by, timing nothing:
+    this machine's cached kernel times for the BLAS threads each of its local workers gets
+    (CostModel.timed_for, measure=False), so Python and the commands agree."""
+    from graphflow.costmodel import CostModel  # the cost model imports the op table
+
+    return CostModel.timed_for([plan.graph], batch, plan.parts, measure=False)
 
 
 def contention_note(contention: float, busy_workers: int) -> str:

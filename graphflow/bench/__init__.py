@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 from collections.abc import Callable, Collection, Sequence
@@ -17,7 +18,10 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from graphflow.argtypes import output_file
 from graphflow.runtime.cores import BLAS_THREAD_VARS, blas_threads
+
+RESULTS = Path("benchmarks/results")  # where full runs write by default (the README's figures)
 
 
 def single_threaded() -> AbstractContextManager[None]:
@@ -27,9 +31,58 @@ def single_threaded() -> AbstractContextManager[None]:
 
 def add_trace_option(p: argparse.ArgumentParser) -> None:
     """`--trace FILE`, the same on every suite."""
-    p.add_argument("--trace", type=Path, default=None, metavar="FILE",
+    p.add_argument("--trace", type=output_file, default=None, metavar="FILE",
                    help="write the run's timeline there (Chrome trace-event JSON; draw it "
                         "with `graphflow timeline FILE`)")
+
+
+def add_output_options(p: argparse.ArgumentParser, suite: str, png: bool = True) -> None:
+    """`--json FILE` (and `--png FILE`), checked before the run (`argtypes.output_file`); the
+    defaults are filled by `settle_outputs`."""
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE",
+                   help=f"every figure and the machine, as JSON (full runs: {RESULTS}/"
+                        f"{suite}.json; --quick: none unless given)")
+    if png:
+        p.add_argument("--png", type=output_file, default=None, metavar="FILE",
+                       help=f"the plot; skipped without matplotlib (full runs: {RESULTS}/"
+                            f"{suite}.png; --quick: none unless given)")
+
+
+def fill_defaults(args: argparse.Namespace, p: argparse.ArgumentParser, suite: str,
+                  quick: dict[str, Any], full: dict[str, Any]) -> argparse.Namespace:
+    """Give the options not given (None) --quick's or the full run's default (options given
+    are kept, --quick or not), then the output files (`settle_outputs`)."""
+    for key, value in (quick if args.quick else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    settle_outputs(args, p, suite)
+    return args
+
+
+def settle_outputs(args: argparse.Namespace, p: argparse.ArgumentParser, suite: str) -> None:
+    """Fill a full run's default output files, checked as given ones are (a usage error).
+    --quick leaves them unset: a tiny run must not overwrite a full run's results."""
+    for kind in ("json", "png"):
+        if kind in vars(args) and getattr(args, kind) is None and not args.quick:
+            try:
+                setattr(args, kind, output_file(str(RESULTS / f"{suite}.{kind}")))
+            except argparse.ArgumentTypeError as e:
+                p.error(f"argument --{kind}: {e}")
+
+
+def write_outputs(doc: dict[str, Any], json_path: Path | None, png_path: Path | None = None,
+                  plot: Callable[[dict[str, Any], Path], str | None] | None = None) -> None:
+    """Write the results' JSON (and the PNG, by `plot`) where asked, and say where or that
+    nothing was written."""
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {json_path}")
+    if png_path is not None and plot is not None:
+        print(plot(doc, png_path) or f"wrote {png_path}")
+    if json_path is None and png_path is None:
+        files, options = ("JSON or PNG", "--json/--png") if plot else ("JSON", "--json")
+        print(f"no {files} written (--quick writes results only where {options} say)")
 
 
 def csv_names(text: str) -> list[str]:

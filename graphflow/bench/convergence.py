@@ -9,7 +9,6 @@ JSON and a PNG plot.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -18,13 +17,16 @@ from typing import Any
 import numpy as np
 
 from graphflow import datasets, models
-from graphflow.argtypes import count
+from graphflow.argtypes import count, learning_rate, seconds
 from graphflow.bench import (
+    add_output_options,
     add_trace_option,
     csv_choices,
+    fill_defaults,
     format_table,
     machine_info,
     single_threaded,
+    write_outputs,
 )
 from graphflow.optim import SGD, Adagrad, Optimizer
 from graphflow.partitioners import partition
@@ -40,6 +42,13 @@ LABELS = {"sgd": "SGD, 1 model", "downpour-sgd": "Downpour SGD", "downpour-adagr
 TARGET = 0.97  # Downpour + Adagrad must reach it
 MARK = 0.95    # time to this accuracy is the figure of merit
 SHIFT = 2      # the digits' light augmentation (pixels)
+SANDBLASTER_BATCH = 512  # examples per L-BFGS iteration, cut into portions of --batch
+
+
+# --quick's defaults and the full run's (a gentler fixed rate when quick: 40 asynchronous steps
+# at 0.05 ended at 14-80%)
+QUICK = {"steps": 40, "eval_every": 0.2, "sgd_lr": 0.02}
+FULL = {"steps": 1500, "eval_every": 0.5, "sgd_lr": 0.05}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -51,21 +60,41 @@ def parser() -> argparse.ArgumentParser:
                    help=f"comma-separated (default all: {','.join(MODES)})")
     p.add_argument("--replicas", type=count, default=2, help="model replicas (2)")
     p.add_argument("--shards", type=count, default=2, help="parameter-server shards (2)")
-    p.add_argument("--steps", type=count, default=1500,
-                   help="mini-batches per mode, all replicas together (1500)")
-    p.add_argument("--batch", type=count, default=32, help="mini-batch size (32)")
-    p.add_argument("--lr", type=float, default=0.03, help="Adagrad's learning rate (0.03)")
-    p.add_argument("--sgd-lr", type=float, default=0.05, help="fixed SGD rate (0.05)")
+    p.add_argument("--steps", type=count, default=None,
+                   help=f"mini-batches per mode, all replicas together ({FULL['steps']}; "
+                        f"--quick: {QUICK['steps']})")
+    p.add_argument("--batch", type=count, default=32,
+                   help=f"mini-batch size, at most the training set's and (with sandblaster) "
+                        f"{SANDBLASTER_BATCH} (32)")
+    p.add_argument("--lr", type=learning_rate, default=0.03, help="Adagrad's learning rate (0.03)")
+    p.add_argument("--sgd-lr", type=learning_rate, default=None,
+                   help=f"fixed SGD rate ({FULL['sgd_lr']}; --quick: {QUICK['sgd_lr']})")
     p.add_argument("--placement", default="processes", choices=["processes", "threads"],
                    help="replicas' workers as local processes (default) or threads")
-    p.add_argument("--eval-every", type=float, default=0.5, help="seconds between scores")
+    p.add_argument("--eval-every", type=seconds, default=None,
+                   help=f"seconds between scores ({FULL['eval_every']}; --quick: "
+                        f"{QUICK['eval_every']})")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, default=Path("benchmarks/results/convergence.json"))
-    p.add_argument("--png", type=Path, default=Path("benchmarks/results/convergence.png"))
+    add_output_options(p, "convergence")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     add_trace_option(p)
-    p.add_argument("--quick", action="store_true", help="tiny settings (for tests)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny settings, for tests: " + " ".join(
+                       f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
+                   + " unless given, and no JSON/PNG unless given")
     return p
+
+
+def arguments(argv: list[str] | None = None,
+              p: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """The options, those not given filled with --quick's or the full run's defaults; a bad
+    one exits 2 (SystemExit)."""
+    p = p or parser()
+    args = fill_defaults(p.parse_args(argv), p, "convergence", QUICK, FULL)
+    if "sandblaster" in args.modes and args.batch > SANDBLASTER_BATCH:
+        p.error(f"argument --batch: {args.batch} is more than sandblaster's "
+                f"{SANDBLASTER_BATCH}-example batches (drop sandblaster from --modes)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,14 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     2 on a bad argument."""
     p = parser()
     try:
-        args = p.parse_args(argv)
-        if min(args.replicas, args.shards, args.steps, args.batch) < 1:
-            p.error("--replicas, --shards, --steps and --batch must be >= 1")
+        args = arguments(argv, p)
+        data = datasets.digits(seed=args.seed)
+        if args.batch > len(data.x_train):
+            p.error(f"argument --batch: {args.batch} is more than the "
+                    f"{len(data.x_train)} training examples")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
-    if args.quick:  # (a gentler fixed rate: 40 asynchronous steps at 0.05 ended at 14-80%)
-        args.steps, args.eval_every, args.sgd_lr = 40, 0.2, min(args.sgd_lr, 0.02)
-    data = datasets.digits(seed=args.seed)
     doc: dict[str, Any] = {"benchmark": "convergence", "machine": machine_info(),
                            "settings": {k: str(v) if isinstance(v, Path) else v
                                         for k, v in vars(args).items()}, "runs": {}}
@@ -89,10 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             doc["runs"][mode] = run_mode(mode, data, args)
     print(format_table([_row(m, r) for m, r in doc["runs"].items()], COLUMNS,
                        left=("mode", "note")))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.json}")
-    print(plot(doc, args.png) or f"wrote {args.png}")
+    write_outputs(doc, args.json, args.png, plot)
     failed = any("error" in r for r in doc["runs"].values())
     missed = "downpour-adagrad" in doc["runs"] and not args.quick and \
         doc["runs"]["downpour-adagrad"].get("best", 0.0) < TARGET
@@ -185,9 +210,6 @@ def _label(rm: ReplicaManager, mode: str) -> None:
             cluster.trace_label = mode
 
 
-SANDBLASTER_BATCH = 512  # examples per L-BFGS iteration, cut into portions of --batch
-
-
 def _sandblaster(model: models.Model, data: datasets.Dataset, args: argparse.Namespace,
                  bar: Progress) -> list[tuple[float, int, float]]:
     """L-BFGS on large batches; the coordinator and replicas share the PS shards' vectors.
@@ -228,7 +250,8 @@ def plot(doc: dict[str, Any], path: Path) -> str | None:
     ax.set(xlabel="wall time (s)", ylabel="test accuracy (%)", ylim=(50, 100),
            title=f"digits-lc on {doc['machine']['cpu_count']} cores: accuracy against time")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    if ax.get_legend_handles_labels()[0]:  # (no curve, e.g. every mode failed: no legend)
+        ax.legend(fontsize=8, loc="lower right")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     return None

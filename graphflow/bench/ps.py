@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import json
 import statistics
 import subprocess
 import sys
@@ -32,8 +31,16 @@ from typing import Any
 import numpy as np
 import zmq
 
-from graphflow.argtypes import count, non_negative
-from graphflow.bench import add_trace_option, format_table, machine_info, single_threaded
+from graphflow.argtypes import count, csv_counts_of, non_negative
+from graphflow.bench import (
+    add_output_options,
+    add_trace_option,
+    fill_defaults,
+    format_table,
+    machine_info,
+    single_threaded,
+    write_outputs,
+)
 from graphflow.progress import Progress
 from graphflow.ps import Layout, PSClient, ShardProcess, start_shard_process
 from graphflow.trace import current, recording
@@ -57,44 +64,48 @@ while s.poll(60000):
 """
 
 
+QUICK = {"shards": [1, 2], "pushes": 10, "rounds": 2, "warmup": 3}  # --quick's defaults
+FULL = {"shards": [1, 2, 4], "pushes": 60, "rounds": 15, "warmup": 20}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="graphflow bench ps", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example: graphflow bench ps --rounds 9 --pushes 100 --shards 1,2")
-    p.add_argument("--shards", default="1,2,4",
-                   help="shard counts of the scaling part, comma-separated (1,2,4)")
-    p.add_argument("--pushes", type=count, default=60,
-                   help="1 MB pushes per round (the 4 MB scaling points do a third) (60)")
-    p.add_argument("--rounds", type=count, default=15,
-                   help="timed rounds; medians over them (15)")
-    p.add_argument("--warmup", type=non_negative, default=20,
-                   help="untimed pushes per point (20)")
-    p.add_argument("--json", type=Path, default=Path("benchmarks/results/ps.json"),
-                   help="every rate and the machine (%(default)s)")
+    p.add_argument("--shards", type=csv_counts_of("shard", include_one=False), default=None,
+                   help="shard counts of the scaling part, comma-separated (1,2,4; --quick: 1,2)")
+    p.add_argument("--pushes", type=count, default=None,
+                   help="1 MB pushes per round (the 4 MB scaling points do a third) "
+                        f"({FULL['pushes']}; --quick: {QUICK['pushes']})")
+    p.add_argument("--rounds", type=count, default=None,
+                   help=f"timed rounds; medians over them ({FULL['rounds']}; --quick: "
+                        f"{QUICK['rounds']})")
+    p.add_argument("--warmup", type=non_negative, default=None,
+                   help=f"untimed pushes per point ({FULL['warmup']}; --quick: "
+                        f"{QUICK['warmup']})")
+    add_output_options(p, "ps", png=False)
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     add_trace_option(p)
     p.add_argument("--quick", action="store_true",
-                   help="tiny settings (2 rounds of 10 pushes, shards 1,2): for tests")
+                   help="tiny settings, for tests: --shards 1,2 --pushes 10 --rounds 2 "
+                        "--warmup 3 unless given, and no JSON unless given")
     return p
+
+
+def arguments(argv: list[str] | None = None,
+              p: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """The options, those not given filled with --quick's or the full run's defaults; a bad
+    one exits 2 (SystemExit)."""
+    p = p or parser()
+    return fill_defaults(p.parse_args(argv), p, "ps", QUICK, FULL)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the table, write JSON. 0 when every point ran, 1 when one
     failed, 2 on a bad argument."""
-    p = parser()
     try:
-        args = p.parse_args(argv)
-        args.shards = sorted({int(s) for s in args.shards.split(",") if s.strip()})
-        if args.quick:
-            args.pushes, args.rounds, args.warmup = 10, 2, 3
-            args.shards = [s for s in args.shards if s <= 2] or [1]
-        if args.pushes < 1 or args.rounds < 1 or args.warmup < 0 or min(args.shards) < 1:
-            p.error("--pushes, --rounds and shard counts must be >= 1, --warmup >= 0")
-    except ValueError:
-        p.print_usage(sys.stderr)
-        print(f"{p.prog}: error: --shards must be integers", file=sys.stderr)
-        return 2
+        args = arguments(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     with single_threaded(), recording(args.trace):
@@ -102,9 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(_rows(doc), COLUMNS))
     for note in doc["notes"]:
         print(f"note: {note}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.json}")
+    write_outputs(doc, args.json)
     return 1 if any("error" in pt for pt in doc["points"]) else 0
 
 

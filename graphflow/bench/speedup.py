@@ -34,22 +34,23 @@ decide either); the predictions of every count are in the JSON beside those time
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 from graphflow.argtypes import count, csv_counts, microbatch_count, non_negative
 from graphflow.bench import (
+    add_output_options,
     add_trace_option,
     csv_choices,
     csv_names,
     format_table,
     machine_info,
     machine_notes,
+    settle_outputs,
     single_threaded,
+    write_outputs,
 )
 from graphflow.bench.rounds import (
     TRIAL_WITHIN,
@@ -152,17 +153,16 @@ def parser() -> argparse.ArgumentParser:
                         "trial of those predicted within 30%% of the best (auto)")
     p.add_argument("--schedule", choices=SCHEDULES, default="eager",
                    help="pipeline schedule of the pipelined layerwise rows (eager)")
-    p.add_argument("--json", type=Path, default=Path("benchmarks/results/speedup.json"),
-                   help="every time, prediction and the machine (%(default)s)")
-    p.add_argument("--png", type=Path, default=Path("benchmarks/results/speedup.png"),
-                   help="the plot; skipped without matplotlib (%(default)s)")
+    add_output_options(p, "speedup")
     p.add_argument("--cached-calibration", action="store_true",
                    help="reuse cached kernel timings (default: time them again in this run, "
                         "so predictions and measurements see the same machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     add_trace_option(p)
     p.add_argument("--quick", action="store_true",
-                   help="tiny settings (batch 8, 1 step, predictions to 4 machines): for tests")
+                   help="tiny settings, for tests: --steps 1 --window 2 --warmup 1 --batch 8 "
+                        "--microbatches 2 --clusters 1 unless given, predictions to 4 "
+                        "machines, kernels timed once, and no JSON/PNG unless given")
     return p
 
 
@@ -187,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = p.parse_args(argv)
         _settle(args, p)
+        settle_outputs(args, p, "speedup")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     with single_threaded(), recording(args.trace):
@@ -194,14 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = [_table_row(w, pt) for w, wl in doc["workloads"].items() for pt in wl["points"]]
     print(format_table(rows, COLUMNS, left=("strategy", "note")))
     for name, wl in doc["workloads"].items():
-        print(_ceiling_line(name, wl["ceiling"], args.mode))
+        print(_ceiling_line(name, wl["ceiling"], args.mode, args.quick))
     for note in doc["notes"]:
         print(f"note: {note}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.json}")
-    problem = plot(doc, args.png)
-    print(problem or f"wrote {args.png}")
+    write_outputs(doc, args.json, args.png, plot)
     return 1 if any("error" in pt for wl in doc["workloads"].values() for pt in wl["points"]) \
         else 0
 
@@ -226,7 +223,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if notes := [c["note"] for c in curve if c.get("note")]:
                 doc["notes"].append(f"{name} {label}, predicted: {'; '.join(notes)}")
     doc["machine"]["loadavg_end"] = machine_info()["loadavg"]
-    doc["settings"]["json"], doc["settings"]["png"] = str(args.json), str(args.png)
+    for kind in ("json", "png"):  # (None: --quick wrote none)
+        doc["settings"][kind] = getattr(args, kind) and str(getattr(args, kind))
     return doc
 
 
@@ -386,12 +384,15 @@ def _table_row(workload: str, pt: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _ceiling_line(name: str, c: dict[str, Any], mode: str) -> str:
+def _ceiling_line(name: str, c: dict[str, Any], mode: str, quick: bool = False) -> str:
     what = "processes" if mode == "processes" else "thread clusters"
+    # --quick's few rounds of tiny steps give ratios no machine has (0.24x, 2.70x on 2 cores)
+    caveat = (f" -- {len(c['alone_s'])} quick round(s) of tiny steps: noise, not a measure"
+              if quick else "")
     return (f"machine ceiling ({name}): two independent 1-worker {what} at once give "
             f"{c['ratio']:.2f}x the throughput of one (a step alone "
             f"{1e3 * statistics.median(c['alone_s']):.1f} ms, both together "
-            f"{1e3 * statistics.median(c['together_s']):.1f} ms)")
+            f"{1e3 * statistics.median(c['together_s']):.1f} ms){caveat}")
 
 
 if __name__ == "__main__":

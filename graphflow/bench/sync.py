@@ -9,7 +9,6 @@ the last one holds the averaged result (allreduce) or the updated parameters (PS
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
@@ -20,12 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from graphflow.argtypes import count, csv_counts
+from graphflow.argtypes import count, csv_counts_of, positive
 from graphflow.bench import (
+    add_output_options,
     add_trace_option,
+    fill_defaults,
     format_table,
     machine_info,
     single_threaded,
+    write_outputs,
 )
 from graphflow.ps.client import PSClient
 from graphflow.ps.layout import Layout
@@ -38,33 +40,55 @@ COLUMNS = [("method", "method"), ("replicas", "R"), ("mb", "MB"), ("ms", "median
            ("gbs", "GB/s per replica")]
 
 
+QUICK = {"mb": 0.25, "repeats": 2}  # --quick's defaults; the full run's are FULL
+FULL = {"mb": 4.0, "repeats": 15}
+MIN_MB = 4 / 2**20  # one float32 element
+
+
+def megabytes(text: str) -> float:
+    """An argparse type: a gradient size in MB, at least one float32 element's worth."""
+    mb = positive(" MB")(text)
+    if int(mb * 2**20) // 4 < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text} MB is less than one float32 element; the least is {MIN_MB:.4g} MB "
+            "(4 bytes)")
+    return mb
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="graphflow bench sync", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="example: graphflow bench sync --replicas 1,2,4 --mb 4")
-    p.add_argument("--replicas", type=csv_counts, default=[1, 2, 4],
-                   help="replica counts, comma-separated (1,2,4)")
-    p.add_argument("--mb", type=float, default=4.0, help="gradient size in MB (4)")
+    p.add_argument("--replicas", type=csv_counts_of("replica"), default=[1, 2, 4],
+                   help="replica counts, comma-separated; 1 is always measured (1,2,4)")
+    p.add_argument("--mb", type=megabytes, default=None,
+                   help=f"gradient size in MB ({FULL['mb']:g}; --quick: {QUICK['mb']:g})")
     p.add_argument("--shards", type=count, default=2, help="parameter-server shards (2)")
-    p.add_argument("--repeats", type=count, default=15, help="timed exchanges per point (15)")
-    p.add_argument("--json", type=Path, default=Path("benchmarks/results/sync.json"))
-    p.add_argument("--png", type=Path, default=Path("benchmarks/results/sync.png"))
+    p.add_argument("--repeats", type=count, default=None,
+                   help=f"timed exchanges per point ({FULL['repeats']}; --quick: "
+                        f"{QUICK['repeats']})")
+    add_output_options(p, "sync")
     add_trace_option(p)
-    p.add_argument("--quick", action="store_true", help="tiny settings (for tests)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"tiny settings, for tests: --mb {QUICK['mb']:g} --repeats "
+                        f"{QUICK['repeats']} unless given, and no JSON/PNG unless given")
     return p
+
+
+def arguments(argv: list[str] | None = None,
+              p: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """The options, those not given filled with --quick's or the full run's defaults; a bad
+    one exits 2 (SystemExit)."""
+    p = p or parser()
+    return fill_defaults(p.parse_args(argv), p, "sync", QUICK, FULL)
 
 
 def main(argv: list[str] | None = None) -> int:
     """0 when every point ran, 2 on a bad argument."""
-    p = parser()
     try:
-        args = p.parse_args(argv)
-        if args.mb <= 0 or args.shards < 1 or args.repeats < 1:
-            p.error("--mb must be > 0, --shards and --repeats >= 1")
+        args = arguments(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
-    if args.quick:
-        args.mb, args.repeats = 0.25, 2
     size = int(args.mb * 2**20) // 4
     doc: dict[str, Any] = {"benchmark": "sync", "machine": machine_info(),
                            "settings": {k: str(v) if isinstance(v, Path) else v
@@ -86,10 +110,7 @@ def main(argv: list[str] | None = None) -> int:
              "ms": 1e3 * pt["median_s"], "gbs": 4 * size / pt["median_s"] / 1e9}
             for pt in doc["points"]]
     print(format_table(rows, COLUMNS, left=("method",)))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.json}")
-    print(plot(doc, args.png) or f"wrote {args.png}")
+    write_outputs(doc, args.json, args.png, plot)
     return 0
 
 

@@ -36,8 +36,6 @@ import numpy as np
 import zmq
 
 from graphflow.errors import GraphflowError
-from graphflow.executor import checked_value
-from graphflow.init import block_of
 from graphflow.lifetime import how_it_ended, log_tail
 from graphflow.runtime import pipeline
 from graphflow.runtime.calls import WorkerCalls, WorkerFailed, reply_grace
@@ -45,6 +43,8 @@ from graphflow.runtime.clusterfile import CONNECT_TIMEOUT, check_hosts, read_clu
 from graphflow.runtime.cores import BLAS_LIMIT, pinned_cores, start_worker_process
 from graphflow.runtime.heap import keep_freed_memory
 from graphflow.runtime.inflight import FeedBuffers, SentStep
+from graphflow.runtime.options import check_cluster_options, check_pipeline
+from graphflow.runtime.planargs import Feeds, Fetches, PlanArgs
 from graphflow.runtime.service import serve
 from graphflow.runtime.worker import worker_name
 from graphflow.serialize import graph_to_dict
@@ -77,29 +77,25 @@ class Cluster:
     gets its share of BLAS threads, and with `pin` (default: where it keeps it busy) a core of
     its own (runtime/cores.py). Threads-mode workers keep freed memory (runtime/heap.py).
     Remote workers (`hosts`) must answer the first call within `connect_timeout` s; with
-    `check_numerics` every step stops at the first node making a NaN or inf."""
+    `check_numerics` every step stops at the first node making a NaN or inf. Feeds and
+    fetches are nodes or node names, as `gf.Session` takes them; once `close`d (again, or at
+    the end of its `with`), a call raises GraphflowError."""
 
     def __init__(self, plan: Plan, mode: str = "threads", hosts: Sequence[str] | None = None,
                  optimizer: Mapping[str, Any] | None = None, timeout: float = 30.0,
                  microbatches: int = 1, schedule: str = "eager",
                  local_workers: int | None = None, pin: bool | None = None,
                  connect_timeout: float = CONNECT_TIMEOUT, check_numerics: bool = False) -> None:
-        if mode not in ("threads", "processes", "remote"):
-            raise ValueError(f"unknown mode '{mode}': threads, processes or remote")
+        self.closed = False
+        check_cluster_options(mode, hosts, microbatches, timeout, connect_timeout)
         if hosts is not None:
             mode = "remote"
             check_hosts(hosts, plan.parts)
         self.plan, self.mode, self.timeout = plan, mode, timeout
         self.connect_timeout, self.check_numerics = connect_timeout, check_numerics
-        if microbatches > 1:
-            pipeline.schedule(schedule, 0, plan.parts, microbatches)  # validates the arguments
-            pipeline.check_linear([(t.key, t.src, t.dst) for t in plan.transfers])
-            fixed = [n.name for n in plan.graph.placeholders() if n.shape and n.shape[0]]
-            if fixed:
-                raise ValueError(f"micro-batches need a symbolic batch dimension, but "
-                                 f"placeholder '{fixed[0]}' has a fixed one: build the model "
-                                 f"with batch=None")
-        self.microbatches, self.schedule = microbatches, schedule
+        check_pipeline(plan, microbatches, schedule)
+        self.microbatches, self.schedule = int(microbatches), schedule
+        self._args = PlanArgs(plan)
         self.names = [worker_name(i) for i in range(plan.parts)]
         self.context = zmq.Context.instance()
         self._run = uuid.uuid4().hex[:8]
@@ -124,7 +120,8 @@ class Cluster:
             # driver waits a little longer, so only a dead or hung worker fails to answer
             self.clients = [RpcClient(a, n, timeout + reply_grace(timeout), self.context)
                             for a, n in zip(self.control, self.names, strict=True)]
-            self._calls = WorkerCalls(self.clients, self.names, self._ended, self._last_words)
+            self._worker_calls = WorkerCalls(self.clients, self.names, self._ended,
+                                             self._last_words)
             self._load(optimizer)
         except BaseException:
             self.close()
@@ -206,6 +203,16 @@ class Cluster:
         self.attached = True
 
     # -- calls (runtime/calls.py) ---------------------------------------------------------------
+    @property
+    def _calls(self) -> WorkerCalls:
+        self._check_open()
+        return self._worker_calls
+
+    def _check_open(self) -> None:
+        if self.closed:  # (its sockets are: zmq would say "Socket operation on non-socket")
+            raise GraphflowError("the cluster is closed: its workers were shut down or "
+                                 "released by close() (or at the end of its `with` block)")
+
     def _ended(self, i: int) -> str:
         """How worker i's local process ended ("" while it runs, or if it is no process here)."""
         code = self._procs[i].poll() if i < len(self._procs) else None
@@ -226,13 +233,13 @@ class Cluster:
         return self._calls.call_each(method, [args] * self.plan.parts)
 
     # -- the public API -----------------------------------------------------------------------
-    def run(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str] = (),
-            train: bool = False, check_numerics: bool = False) -> dict[str, np.ndarray]:
-        """One step of every worker; returns the fetched values by node name."""
+    def run(self, feeds: Feeds, fetches: Fetches = (), train: bool = False,
+            check_numerics: bool = False) -> dict[str, np.ndarray]:
+        """One step of every worker; returns the fetched values by node name. Every placeholder
+        the workers read must be fed, whatever is fetched (each runs its whole subgraph)."""
         return self._finish_step(self._send_step(feeds, fetches, train, check_numerics))
 
-    def stream(self, batches: Iterable[Mapping[str, np.ndarray]],
-               fetches: Sequence[str] | None = None,
+    def stream(self, batches: Iterable[Feeds], fetches: Fetches | None = None,
                ahead: int = 1) -> Iterator[dict[str, np.ndarray]]:
         """Training steps over `batches`, yielding each one's fetched values (the loss by
         default) in order: the same steps, results and parameters as `step` called on each.
@@ -249,55 +256,55 @@ class Cluster:
         A consumer that stops early leaves the steps already sent to finish when the stream
         is closed. Close it where you stop (`with contextlib.closing(cluster.stream(...))`)
         to have such a step's failure raised there: a stream left to the garbage collector
-        can only print it, and the cluster's next call fails naming the worker.
+        can only print it, and the cluster's next call fails naming the worker. When
+        `batches` raises (or a batch is refused), the steps already sent finish too before
+        that exception propagates: a failure of theirs is raised, chained to it.
         """
         if ahead < 0:
             raise ValueError(f"ahead must be >= 0, got {ahead}")
-        if fetches is None:
-            fetches = [self.plan.loss] if self.plan.loss else []
+        fetches = None if fetches is None else self._args.fetches(fetches)  # (once: an iterator)
         sent: deque[SentStep] = deque()
-        failed = False
         try:
             for feeds in batches:
                 sent.append(self._send_step(feeds, fetches, train=True))
                 if len(sent) > ahead:
-                    yield self._finish_step(sent.popleft())
+                    yield self._take_first(sent)
             while sent:
-                yield self._finish_step(sent.popleft())
-        except GeneratorExit:  # the consumer stopped early: the finally takes what is due
-            raise
-        except BaseException:  # a failed step: the steps after it cannot finish
-            failed = True
-            raise
-        finally:
-            while sent and not failed:
-                self._finish_step(sent.popleft())
+                yield self._take_first(sent)
+        finally:  # stopped early, or `batches` failed: the steps sent still update parameters
+            while sent and not self.closed:
+                self._take_first(sent)
 
-    def _send_step(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str],
-                   train: bool, check_numerics: bool = False) -> SentStep:
+    def _take_first(self, sent: deque[SentStep]) -> dict[str, np.ndarray]:
+        """The results of the first of the streamed steps `sent`, removed; if it failed, the
+        steps after it cannot finish, and are dropped."""
+        try:
+            return self._finish_step(sent.popleft())
+        except BaseException:
+            sent.clear()
+            raise
+
+    def _send_step(self, feeds: Feeds, fetches: Fetches | None, train: bool,
+                   check_numerics: bool = False) -> SentStep:
+        calls = self._calls  # (a closed cluster says so before any mistake in the feeds)
+        if fetches is None:  # a training step's default: the loss
+            fetches = [self.plan.loss] if self.plan.loss else []
         wanted: list[list[str]] = [[] for _ in self.names]
-        for name in fetches:
+        for name in self._args.fetches(fetches):
             wanted[self.plan.worker_of(name)].append(name)
-        feeds = self._checked(feeds)
+        checked = self._args.feeds(feeds)
         session = tracing.current()  # a traced run: the workers record, the driver times steps
         traced = session.join(self) if session is not None else None
-        rows = self._batch_rows(feeds)
+        rows = self._batch_rows(checked)
         step = SentStep(self.step_count, {}, traced, clock())
         for i in range(self.plan.parts):
-            step.requests[i] = self._calls.send(i, "step", {
-                "feeds": self._feed_buffers.cut(self.plan, step, i, feeds), "fetches": wanted[i],
+            step.requests[i] = calls.send(i, "step", {
+                "feeds": self._feed_buffers.cut(self.plan, step, i, checked), "fetches": wanted[i],
                 "step": step.number, "train": train, "microbatches": self.microbatches,
                 "check_numerics": check_numerics or self.check_numerics,
                 "schedule": self.schedule, "rows": rows})
         self.step_count += 1
         return step
-
-    def _checked(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The feeds checked against the whole model's placeholders here, before the rows are
-        cut: a worker would name the shape of its cut, not the one the caller fed."""
-        placeholders = {n.name: n for n in self.plan.graph.placeholders()}
-        return {k: checked_value(placeholders[k], v) if k in placeholders else v
-                for k, v in feeds.items()}
 
     def _batch_rows(self, feeds: Mapping[str, np.ndarray]) -> int | None:
         """The batch's rows, when it is cut into micro-batches (each weighs its rows); a
@@ -320,17 +327,19 @@ class Cluster:
             session.step(self, step.traced, step.number, t0)
         return {k: v for r in results.values() for k, v in r.items()}
 
-    def step(self, feeds: Mapping[str, np.ndarray],
-             fetches: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        """A training step: forward, backward and each worker's parameter update."""
-        if fetches is None:
-            fetches = [self.plan.loss] if self.plan.loss else []
-        return self.run(feeds, fetches, train=True)
+    def step(self, feeds: Feeds, fetches: Fetches | None = None) -> dict[str, np.ndarray]:
+        """A training step: forward, backward and each worker's parameter update; fetches
+        the loss unless told otherwise."""
+        return self._finish_step(self._send_step(feeds, fetches, train=True))
 
-    def gradients(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def gradients(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """The loss and every parameter's gradient (by parameter name), without updating."""
+        if self.plan.loss is None:
+            raise GraphflowError("the plan has no loss, so no gradients: partition with "
+                                 "loss=..., as gf.partition(model.graph, parts, strategy, "
+                                 "loss=model.loss)")
         grads = self.plan.grads
-        out = self.run(feeds, [self.plan.loss, *grads.values()] if self.plan.loss else [])
+        out = self.run(feeds, [self.plan.loss, *grads.values()])
         return {"loss": out[self.plan.loss], **{p: out[g] for p, g in grads.items()}}
 
     def params(self) -> dict[str, np.ndarray]:
@@ -341,25 +350,8 @@ class Cluster:
         model's: one the plan split into blocks (`fc/W` as `fc/W/part0`, ...) is split alike.
         KeyError for an unknown name, ValueError for a wrong shape, before anything is written:
         `cluster.set_params(gf.Session(model.graph).params)`."""
-        homes: dict[str, list[tuple[int, Any]]] = {}  # a name -> (worker, parameter node)
-        for i, w in enumerate(self.plan.workers):
-            for p in w.graph.parameters():
-                homes.setdefault(p.name, []).append((i, p))
-                if "block" in p.attrs:  # and under the name of the whole it is a block of
-                    homes.setdefault(p.attrs["block"]["of"], []).append((i, p))
-        if unknown := sorted(set(values) - set(homes)):
-            raise KeyError(f"set_params: the plan has no parameter {', '.join(unknown)}; it has "
-                           f"{', '.join(sorted(homes)[:12])}{', ...' * (len(homes) > 12)}")
-        each: list[dict[str, np.ndarray]] = [{} for _ in self.names]
-        for name, value in values.items():
-            for i, p in homes[name]:
-                block = p.attrs["block"] if p.name != name else None  # (of the whole `name`)
-                shape = tuple(block["attrs"]["shape"]) if block else tuple(p.shape)
-                if np.shape(value) != shape:
-                    raise ValueError(f"set_params: parameter '{name}' has shape {shape}, the "
-                                     f"value given has shape {np.shape(value)}")
-                part = block_of(np.asarray(value), block) if block else value
-                each[i][p.name] = np.ascontiguousarray(part)
+        self._check_open()
+        each = self._args.parameters(values)
         self.call_each("set_params", [{"values": v} for v in each])
 
     def stats(self) -> list[dict[str, Any]]:
@@ -370,9 +362,13 @@ class Cluster:
         return float(self._calls.call(i, "trace_clock", {}))
 
     def close(self) -> None:
+        """Shut down the workers it started (release remote ones). Again: nothing to do."""
+        if self.closed:
+            return
         session = tracing.current()
         if session is not None and self.clients:
             session.leave(self)  # hand the workers' spans over while they are still there
+        self.closed = True  # (even if what follows fails: the finalizer still reaps processes)
         # the workers it started end; remote ones serve on (unattached: the next driver takes them)
         if self.mode != "remote" or self.attached:
             self._tell_all("release" if self.mode == "remote" else "shutdown")
@@ -400,6 +396,7 @@ class Cluster:
                 self.clients[i].receive(rid, method, max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> Cluster:
+        self._check_open()
         return self
 
     def __exit__(self, *exc: object) -> None:

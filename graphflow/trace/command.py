@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from graphflow.argtypes import count
+from graphflow.argtypes import count, output_file
 from graphflow.trace.chrome import read
 from graphflow.trace.summary import coverage, report
 
@@ -41,7 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = parser.description or DESCRIPTION
     parser.epilog = parser.epilog or EXAMPLE
     parser.add_argument("trace", type=Path, help="a trace-event JSON file")
-    parser.add_argument("-o", "--output", type=Path, default=None,
+    parser.add_argument("-o", "--output", type=output_file, default=None,
                         help="the PNG to write (default: the trace's path with .png)")
     parser.add_argument("--last-steps", type=count, default=None, metavar="N",
                         help="draw and sum up only the last N steps the driver timed "

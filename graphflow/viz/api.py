@@ -22,9 +22,11 @@ FORMATS = (".svg", ".png", ".dot", ".html")
 VIEWS = ("plan", "spatial")
 
 
-def visualize(plan: Plan, path: str | Path, *, detail: str = "layers", batch: int = 64,
-              compare: Sequence[Plan] | None = None, title: str | None = None) -> Path:
-    """Draw `plan` to `path` (.svg, .png, .dot or .html); returns the path.
+def visualize(plan: Plan | Sequence[Plan], path: str | Path, *, detail: str = "layers",
+              batch: int = 64, compare: Sequence[Plan] | None = None,
+              title: str | None = None) -> Path:
+    """Draw `plan` to `path` (.svg, .png, .dot or .html); returns the path. A list of plans
+    draws the first with the others compared beside it (as `compare=` does).
 
     The layer graph (`detail="ops"`: every op) coloured by worker, cut edges labelled with the
     bytes they carry per step at `batch`, per-worker bars of FLOPs, parameters, bytes in / out
@@ -37,12 +39,17 @@ def visualize(plan: Plan, path: str | Path, *, detail: str = "layers", batch: in
     >>> gf.visualize(plans[0], "plan.svg", compare=plans[1:])  # doctest: +SKIP
     PosixPath('plan.svg')
     """
-    compare = list(compare or [])
-    for other in compare:
-        if not isinstance(other, Plan):
-            raise TypeError(f"compare takes plans (gf.partition(graph, parts, strategy, "
-                            f"loss=...)), got {type(other).__name__} {other!r}")
-    render([plan, *compare], path, detail, batch, title)
+    first = list(plan) if isinstance(plan, list | tuple) else [plan]
+    if not first:
+        raise ValueError("visualize: no plan to draw (an empty list)")
+    others = [compare] if isinstance(compare, Plan) else list(compare or [])
+    plans = [*first, *others]
+    for i, p in enumerate(plans):
+        if not isinstance(p, Plan):
+            what = "compare takes" if i >= len(first) else "visualize draws"
+            raise TypeError(f"{what} plans (gf.partition(graph, parts, strategy, loss=...)), "
+                            f"got {type(p).__name__} {p!r:.60}")
+    render(plans, path, detail, batch, title)
     return Path(path)
 
 

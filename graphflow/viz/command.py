@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from graphflow.argtypes import count
 from graphflow.errors import GraphflowError
@@ -41,12 +42,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", type=count, default=2, help="workers to split it across (2)")
     parser.add_argument("--strategy", default="spatial", choices=STRATEGIES,
                         help="placement strategy (spatial)")
-    parser.add_argument("-o", "--output", default="plan.svg", metavar="FILE",
+    parser.add_argument("-o", "--output", default="plan.svg", metavar="FILE", type=output_file,
                         help=f"output file; its suffix picks the format: "
                              f"{', '.join(FORMATS)} (plan.svg)")
     parser.add_argument("--detail", default="layers", choices=DETAILS,
                         help="one box per layer (name scope) or per op (layers)")
-    parser.add_argument("--compare", default=None, metavar="S1,S2,...",
+    parser.add_argument("--compare", default=None, metavar="S1,S2,...", type=strategy_list,
                         help="draw these strategies side by side with their predicted "
                              "step times, e.g. spatial,layerwise,mincut")
     parser.add_argument("--view", default="plan", choices=VIEWS,
@@ -58,20 +59,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print a summary of each plan as JSON on stdout")
     add_estimate_option(parser)
+    # options that only disagree with each other are usage errors too (see `run`)
+    parser.set_defaults(usage_error=parser.error)
+
+
+def output_file(text: str) -> str:
+    """An argparse type: a file name whose suffix is a format visualize writes."""
+    if Path(text).suffix.lower() not in FORMATS:
+        raise argparse.ArgumentTypeError(
+            f"'{text}': unknown format '{Path(text).suffix or '(no suffix)'}'; use one of "
+            f"{', '.join(FORMATS)}")
+    return text
+
+
+def strategy_list(text: str) -> list[str]:
+    """An argparse type: comma-separated strategy names, each a known one."""
+    from graphflow.partitioners import STRATEGIES
+
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if s not in STRATEGIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown strategy '{(unknown or [''])[0]}'; known: "
+                                         f"{', '.join(STRATEGIES)}")
+    return names
 
 
 def strategies(args: argparse.Namespace) -> list[str]:
     """The strategies to draw: --compare's list, or --strategy."""
-    from graphflow.partitioners import STRATEGIES
-
     if not args.compare:
         return [args.strategy]
-    names = [s.strip() for s in args.compare.split(",") if s.strip()]
-    unknown = [s for s in names if s not in STRATEGIES]
-    if unknown or not names:
-        raise GraphflowError(f"--compare: unknown strategy '{(unknown or [''])[0]}'; known: "
-                             f"{', '.join(STRATEGIES)}")
-    return names
+    if isinstance(args.compare, str):  # a namespace not from configure's parser
+        try:
+            return strategy_list(args.compare)
+        except argparse.ArgumentTypeError as e:
+            raise GraphflowError(f"--compare: {e}") from None
+    return list(args.compare)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,6 +103,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.parts < 1:
         raise GraphflowError(f"--parts must be at least 1, got {args.parts}")
+    if args.view == "spatial" and Path(args.output).suffix.lower() == ".dot":
+        message = "--view spatial is a picture: write .svg, .png or .html, not .dot"
+        if usage_error := getattr(args, "usage_error", None):
+            usage_error(message)  # exits 2
+        raise GraphflowError(message)
     name, graph, loss = load_model(args.model)
     args.batch = figure_batch(graph, args.batch)
     plans = [partition(graph, args.parts, s, loss=loss) for s in strategies(args)]

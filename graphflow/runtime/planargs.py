@@ -1,0 +1,153 @@
+"""What a cluster's caller passes, in its plan's terms: a step's feeds and fetches (nodes or
+node names, as `gf.Session` takes them) and parameter values, checked against the plan
+before any worker is asked, so that a mistake is named as the caller made it rather than as
+a worker's failure.
+
+>>> import numpy as np, graphflow as gf
+>>> model = gf.models.digits_lc(batch=None)
+>>> args = PlanArgs(gf.partition(model.graph, 2, "layerwise", loss=model.loss))
+>>> args.fetches([model.loss, "loss"])
+['loss']
+>>> args.feeds({model.x: np.zeros((2, 1, 32, 32), np.float32)})  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+graphflow.errors.MissingFeedError: placeholder 'y' (...): is not fed, ...
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from graphflow.errors import GraphError, MissingFeedError, located
+from graphflow.executor import checked_value
+from graphflow.init import block_of
+from graphflow.ir import Node, format_tuple, user_source_line
+
+if TYPE_CHECKING:  # (a worker process starts without the partitioners)
+    from graphflow.partitioners.plan import Plan
+
+Feeds = Mapping[Node | str, Any]
+Fetches = Node | str | Iterable[Node | str]
+
+
+class PlanArgs:
+    """Turns a step's `feeds` and `fetches` into the plan's node names, refusing what the
+    plan cannot run: an unknown name (with the names it may have meant), a node of another
+    graph, a value of the wrong shape or dtype, a placeholder left unfed. `parameters`
+    splits parameter values among the workers that hold them."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.placeholders = {n.name: n for n in plan.graph.placeholders()}
+        # Every worker runs its whole subgraph whatever is fetched, so every placeholder a
+        # worker holds must be fed (a forward-only fetch still needs the labels).
+        self.required = [n for name, n in self.placeholders.items()
+                         if any(name in w.graph for w in plan.workers)]
+
+    def fetches(self, fetches: Fetches) -> list[str]:
+        """The names of `fetches` (one node or name, or several), each once, in order."""
+        if isinstance(fetches, Node | str):
+            fetches = [fetches]
+        elif not isinstance(fetches, Iterable):
+            raise GraphError(f"Cluster ({user_source_line()}): fetches must be nodes or node "
+                             f"names, got {_kind(fetches)}")
+        names = [self._name(f, "fetch") for f in fetches]
+        for name in names:
+            if name not in self.plan.placement:
+                raise GraphError(f"Cluster ({user_source_line()}): no node named '{name}' in "
+                                 f"the plan to fetch{_hint(name, self.plan.placement)}")
+        return list(dict.fromkeys(names))
+
+    def feeds(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        """The feeds by placeholder name, each checked against the whole model's placeholder
+        (before the rows are cut: a worker would name the shape of its cut, not the one the
+        caller fed) and cast to its dtype."""
+        if not isinstance(feeds, Mapping):
+            raise GraphError(f"Cluster ({user_source_line()}): feeds must be a dict from "
+                             f"placeholders or their names to arrays, got {_kind(feeds)}")
+        out = {}
+        for key, value in feeds.items():
+            name = self._name(key, "feed")
+            if name not in self.placeholders:
+                raise self._not_a_placeholder(name)
+            out[name] = checked_value(self.placeholders[name], value)
+        for node in self.required:
+            if node.name not in out:
+                raise MissingFeedError(located(node, (
+                    f"is not fed, but the plan's workers read it (each runs its whole "
+                    f"subgraph, whatever is fetched); expected {_article(node.dtype)} "
+                    f"{node.dtype} array of shape {format_tuple(node.shape)}")))
+        return out
+
+    def parameters(self, values: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """Each worker's part of `values`, by `Cluster.params()`'s names or the model's: a
+        parameter the plan split into blocks is split alike. KeyError for an unknown name,
+        ValueError for a wrong shape."""
+        homes: dict[str, list[tuple[int, Node]]] = {}  # a name -> (worker, parameter node)
+        for i, w in enumerate(self.plan.workers):
+            for p in w.graph.parameters():
+                homes.setdefault(p.name, []).append((i, p))
+                if "block" in p.attrs:  # and under the name of the whole it is a block of
+                    homes.setdefault(p.attrs["block"]["of"], []).append((i, p))
+        if unknown := sorted(set(values) - set(homes)):
+            raise KeyError(f"set_params: the plan has no parameter {', '.join(unknown)}; it has "
+                           f"{', '.join(sorted(homes)[:12])}{', ...' * (len(homes) > 12)}")
+        each: list[dict[str, np.ndarray]] = [{} for _ in self.plan.workers]
+        for name, value in values.items():
+            for i, p in homes[name]:
+                block = p.attrs["block"] if p.name != name else None  # (of the whole `name`)
+                shape = tuple(block["attrs"]["shape"]) if block else tuple(p.shape)
+                if np.shape(value) != shape:
+                    raise ValueError(f"set_params: parameter '{name}' has shape {shape}, the "
+                                     f"value given has shape {np.shape(value)}")
+                part = block_of(np.asarray(value), block) if block else value
+                each[i][p.name] = np.ascontiguousarray(part)
+        return each
+
+    def _name(self, key: object, role: str) -> str:
+        """The plan's name for `key`, a node or a node's name (`role`: fetch or feed)."""
+        if isinstance(key, str):
+            return key
+        if not isinstance(key, Node):
+            expected = ("fetches must be nodes or node names" if role == "fetch" else
+                        "feeds must be keyed by placeholders or their names")
+            raise GraphError(f"Cluster ({user_source_line()}): {expected}, got {_kind(key)}")
+        # The plan holds a copy of the model's graph: its node of the same name stands for it.
+        twin = self.plan.graph[key.name] if key.name in self.plan.graph else None
+        if key.graph is not self.plan.graph and (
+                twin is None or (twin.op, tuple(twin.shape), twin.dtype)
+                != (key.op, tuple(key.shape), key.dtype)):
+            has = (f"no node '{key.name}': the node is of another graph (or the plan's "
+                   f"'{self.plan.strategy}' strategy rewrote it)" if twin is None else
+                   f"a different node of that name, {twin!r}: the node is of another graph")
+            raise GraphError(located(key, f"is a {role}, but the plan has {has}"))
+        return key.name
+
+    def _not_a_placeholder(self, name: str) -> GraphError:
+        where = f"Cluster ({user_source_line()})"
+        known = ", ".join(f"'{p}'" for p in self.placeholders)
+        if name in self.plan.graph:
+            return GraphError(f"{where}: cannot feed '{name}': it is a "
+                              f"{self.plan.graph[name].op}, and a cluster's workers are fed "
+                              f"placeholders only ({known})")
+        return GraphError(f"{where}: no placeholder named '{name}' in the plan to feed (its "
+                          f"placeholders: {known}){_hint(name, self.placeholders)}")
+
+
+def _hint(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=3)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeio" else "a"  # an int32, a float32, a uint8
+
+
+def _kind(value: object) -> str:
+    """`int 42`: what the caller passed where a node was expected."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
