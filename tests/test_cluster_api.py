@@ -14,6 +14,7 @@ from graphflow.partitioners import partition
 from graphflow.runtime import Cluster, WorkerFailed
 from graphflow.runtime.worker import Worker
 from graphflow.train import PartitionedTrainer
+from tests.spies import fail_step
 
 SGD = {"name": "sgd", "lr": 0.05}
 CLOSED = "the cluster is closed"
@@ -206,14 +207,7 @@ def test_a_refused_batch_in_a_stream_lets_the_steps_sent_finish(plan):
 
 
 def test_a_sent_steps_failure_is_raised_chained_to_the_batches_error(plan, monkeypatch):
-    run_step = Worker._run_step  # (inside run_step: its peers are told, as of a real failure)
-
-    def failing(self, feeds, fetches, step, *args, **kwargs):
-        if self.index == 1 and step == 1:
-            raise ValueError("step 1 fails on worker:1")
-        return run_step(self, feeds, fetches, step, *args, **kwargs)
-
-    monkeypatch.setattr(Worker, "_run_step", failing)
+    fail_step(monkeypatch)  # worker 1, step 1
     with Cluster(plan, optimizer=SGD, timeout=60) as cluster:
         steps = cluster.stream(failing_after(batches(2), OSError("the data went away")),
                                ahead=2)

@@ -14,6 +14,7 @@ import graphflow as gf
 from graphflow.partitioners import partition
 from graphflow.runtime import Cluster, WorkerFailed
 from graphflow.runtime.worker import Worker
+from tests.spies import fail_step
 
 SGD = {"name": "sgd", "lr": 0.05}
 
@@ -117,14 +118,7 @@ def test_a_stream_stopped_early_finishes_the_steps_it_sent():
 
 
 def test_a_closed_stream_raises_a_draining_steps_failure_where_it_is_closed(monkeypatch):
-    run_step = Worker._run_step  # (inside run_step: its peers are told, as of a real failure)
-
-    def failing(self, feeds, fetches, step, *args, **kwargs):
-        if self.index == 1 and step == 1:
-            raise ValueError("step 1 fails on worker:1")
-        return run_step(self, feeds, fetches, step, *args, **kwargs)
-
-    monkeypatch.setattr(Worker, "_run_step", failing)
+    fail_step(monkeypatch)  # worker 1, step 1
     with Cluster(plan_for("spatial"), optimizer=SGD, timeout=60) as cluster:
         with pytest.raises(WorkerFailed, match="step 1 fails") as failure:
             with contextlib.closing(cluster.stream(batches(3))) as steps:
