@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from graphflow.argtypes import count
+from graphflow.argtypes import count, output_file
 from graphflow.errors import GraphflowError
 from graphflow.modelspec import figure_batch, load_model
 from graphflow.viz.api import FORMATS, VIEWS, render
@@ -42,7 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", type=count, default=2, help="workers to split it across (2)")
     parser.add_argument("--strategy", default="spatial", choices=STRATEGIES,
                         help="placement strategy (spatial)")
-    parser.add_argument("-o", "--output", default="plan.svg", metavar="FILE", type=output_file,
+    parser.add_argument("-o", "--output", default="plan.svg", metavar="FILE", type=picture_file,
                         help=f"output file; its suffix picks the format: "
                              f"{', '.join(FORMATS)} (plan.svg)")
     parser.add_argument("--detail", default="layers", choices=DETAILS,
@@ -63,13 +63,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(usage_error=parser.error)
 
 
-def output_file(text: str) -> str:
-    """An argparse type: a file name whose suffix is a format visualize writes."""
+def picture_file(text: str) -> str:
+    """An argparse type: a file to write (`argtypes.output_file`) whose suffix is a format
+    visualize writes."""
     if Path(text).suffix.lower() not in FORMATS:
         raise argparse.ArgumentTypeError(
             f"'{text}': unknown format '{Path(text).suffix or '(no suffix)'}'; use one of "
             f"{', '.join(FORMATS)}")
-    return text
+    return str(output_file(text))
 
 
 def strategy_list(text: str) -> list[str]:
