@@ -137,3 +137,10 @@ def test_replicas_on_remote_workers_take_the_connect_timeout(cli_here, tmp_path)
     code, _, err = cli_here("train", "digits-lc", "--cluster", hosts, "--replicas", "2",
                             "--connect-timeout", "0.5", "--steps", "1", "--no-progress")
     assert code == 1 and "tcp://127.0.0.1:45901 did not answer within 0.5s" in err, err
+
+
+def test_a_window_with_nothing_to_draw_is_refused(cli_here, tmp_path):
+    trace = tmp_path / "t.json"
+    trace.write_text("{}")
+    code, _, err = cli_here("timeline", trace, "--no-png", "--window", "100:200")
+    assert code == 1 and "--window picks what to draw" in err and "--last-steps" in err, err

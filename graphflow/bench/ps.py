@@ -160,8 +160,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if max(args.shards) + 1 > cores:
         doc["notes"].append(f"{max(args.shards)} shard processes and a client on {cores} cores:"
                             " oversubscribed")
-    tmp = tempfile.mkdtemp(prefix="graphflow-bench-ps-")
-    with ExitStack() as stack:
+    with ExitStack() as stack:  # (the folder goes last, once its shards have stopped)
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="graphflow-bench-ps-"))
         points = _start_points(args, tmp, stack)
         with Progress(args.rounds, "ps", enabled=not args.no_progress) as bar:
             for pt in points:

@@ -46,6 +46,7 @@ class WorkerCalls:
                  last_words: Callable[[int], str] = _nothing) -> None:
         self.clients, self.names = clients, names
         self.ended, self.last_words = ended, last_words
+        self.silent: set[int] = set()  # workers that did not answer: dead or hung
 
     def call(self, i: int, method: str, args: Mapping[str, Any]) -> Any:
         return self.gather(method, {i: self.send(i, method, args)})[i]
@@ -110,8 +111,11 @@ class WorkerCalls:
         return WorkerFailed(f"{self.names[i]} failed '{method}': {e.remote}", self.names[i])
 
     def _silent(self, i: int, method: str) -> WorkerFailed:
-        return WorkerFailed(f"{self.names[i]} did not answer '{method}' within "
-                            f"{self.clients[i].timeout:g}s: it died or hangs"
+        self.silent.add(i)
+        at = self.clients[i].address  # (another machine's: where to look)
+        return WorkerFailed(f"{self.names[i]}{f' at {at}' if at.startswith('tcp') else ''} did not "
+                            f"answer '{method}' within {self.clients[i].timeout:g}s (its timeout "
+                            f"and the driver's grace for the reply): it died or hangs"
                             f"{self._quote(i)}", self.names[i], silent=True)
 
     def _ended(self, i: int, method: str) -> WorkerFailed:

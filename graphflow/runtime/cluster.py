@@ -113,7 +113,7 @@ class Cluster:
         self._finished = 0.0  # when the last step's replies were all in
         self.trace_label: str | None = None  # names its workers in a trace of several clusters
         self.clients: list[RpcClient] = []
-        self.attached = False  # remote workers all answered `attach` (they are released)
+        self.attached = False  # remote workers were asked to `attach` (close releases them)
         try:
             self.control = self._start_workers(hosts)
             # a worker waits `timeout` for a peer, then reports which one was silent; the
@@ -190,6 +190,7 @@ class Cluster:
         try:
             self.call_all("attach", {"driver": f"{socket.gethostname()} pid {os.getpid()}"})
         except WorkerFailed as e:
+            self.attached = True  # (some may have: close releases every one that answered)
             if not e.silent:
                 raise
             at = self.control[self.names.index(e.worker)]
@@ -385,11 +386,14 @@ class Cluster:
             self._blas_limited = False
 
     def _tell_all(self, method: str) -> None:
-        """Call `method` on every worker still there, waiting 5 s at most for all."""
+        """Call `method` on every worker still there (not one that fell silent: it would only
+        hold up the error that names it), waiting 5 s at most for all."""
         deadline, sent = time.monotonic() + min(self.timeout, 5.0), {}
+        calls = getattr(self, "_worker_calls", None)
+        silent = calls.silent if calls is not None else set()
         for i, client in enumerate(self.clients):
             with contextlib.suppress(GraphflowError):  # gone already
-                if not self._ended(i):
+                if not self._ended(i) and i not in silent:
                     sent[i] = client.send(method)
         for i, rid in sent.items():
             with contextlib.suppress(GraphflowError):  # gone or hung: nothing to do for it

@@ -72,7 +72,10 @@ def pinned_cores(plan: Plan, microbatches: int, local_workers: int,
     if not 2 <= plan.parts <= len(cores) or local_workers != plan.parts or pin is False:
         return None
     if pin is None and microbatches == 1:
-        step = plan.predict(64)
+        from graphflow.costmodel import CostModel  # (not in a worker's imports)
+
+        # the cache as this process has it (the workers' share of it may be cold: estimates)
+        step = plan.predict(64, CostModel.default(64))
         if min(step.busy) < BUSY * step.step_seconds:
             return None
     return cores[:plan.parts]

@@ -58,9 +58,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Check the trace, print its summary, draw it. Raises TraceError (a GraphflowError) for a
     file that is not a trace, ImportError naming matplotlib when it is missing."""
-    doc = read(args.trace)
     if args.last_steps is not None and args.last_steps < 1:
         raise ValueError("--last-steps must be >= 1")
+    if args.window is not None and args.no_png:  # (the summary is of whole steps)
+        raise ValueError("--window picks what to draw, and --no-png draws nothing; to sum up "
+                         "fewer steps, use --last-steps")
+    doc = read(args.trace)
     out = None
     if not args.no_png:
         from graphflow.trace.gantt import draw

@@ -159,7 +159,7 @@ class RpcClient:
 
     def __init__(self, address: str, peer_name: str, timeout: float,
                  context: zmq.Context | None = None, *, linger: float = 0.0) -> None:
-        self.peer = peer_name
+        self.peer, self.address = peer_name, address
         self._ctx = context if context is not None else zmq.Context.instance()
         self._sock = tune(self._ctx.socket(zmq.DEALER), 64, int(linger * 1000))
         # its own routing id, kept across reconnects: a server tells its callers apart by it
