@@ -1,5 +1,7 @@
 """Exceptions. Each names the node, the user's source line, what was expected and what came."""
 
+import difflib
+from collections.abc import Iterable
 from numbers import Integral  # (NumPy's integers too)
 
 
@@ -51,3 +53,19 @@ def count_of(value: object, what: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
         raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
     return int(value)
+
+
+def described(value: object) -> str:
+    """`int 42`: what a caller passed where something else was expected, for messages."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """"; did you mean 'loss'?" for the names of `known` close to `name` ("" if none).
+
+        >>> did_you_mean("los", ["loss", "x"])
+        "; did you mean 'loss'?"
+    """
+    close = difflib.get_close_matches(name, list(known), n=3)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import difflib
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ from graphflow.errors import (
     MissingFeedError,
     NonFiniteError,
     ShapeError,
+    described,
+    did_you_mean,
     located,
 )
 from graphflow.init import initial_value
@@ -116,10 +117,10 @@ class Session:
         single = isinstance(fetches, Node | str)
         if not single and not isinstance(fetches, Iterable):
             raise GraphError(f"Session.run ({user_source_line()}): {_EXPECTED['fetch']}, got "
-                             f"{_kind(fetches)}")
+                             f"{described(fetches)}")
         if feeds is not None and not isinstance(feeds, Mapping):
             raise GraphError(f"Session.run ({user_source_line()}): feeds must be a dict from "
-                             f"nodes or node names to arrays, got {_kind(feeds)}")
+                             f"nodes or node names to arrays, got {described(feeds)}")
         wanted = [self._node(f, "fetch") for f in ([fetches] if single else fetches)]
         fed = {self._node(k, "feed"): v for k, v in (feeds or {}).items()}
         key = (tuple(id(n) for n in wanted), frozenset(id(n) for n in fed))
@@ -135,13 +136,12 @@ class Session:
         if isinstance(key, str):
             if key in self.graph:
                 return self.graph[key]
-            close = difflib.get_close_matches(key, [n.name for n in self.graph.nodes], n=3)
-            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            hint = did_you_mean(key, (n.name for n in self.graph.nodes))
             raise GraphError(f"Session.run ({user_source_line()}): no node named '{key}' in "
                              f"the graph to {role}{hint}")
         if not isinstance(key, Node):
             raise GraphError(f"Session.run ({user_source_line()}): {_EXPECTED[role]}, got "
-                             f"{_kind(key)}")
+                             f"{described(key)}")
         if key.graph is not self.graph:
             raise GraphError(located(key, f"is a {role} but belongs to another graph"))
         return key
@@ -172,9 +172,7 @@ class Session:
             return node.attrs["value"]
         if node.op == "placeholder":
             needs = "needs" if len(wanted) == 1 else "need"
-            raise MissingFeedError(located(node, f"is not fed, but {_names(wanted)} {needs} it; "
-                                                 f"expected {_article(node.dtype)} {node.dtype} "
-                                                 f"array of shape {format_tuple(node.shape)}"))
+            raise missing_feed(node, f"{_names(wanted)} {needs} it")
         return run_kernel(node, [values[x] for x in node.inputs], self.check_numerics)
 
 
@@ -207,14 +205,12 @@ def _check_finite(node: Node, out: np.ndarray, verb: str) -> None:
                                            f"{int(np.isinf(out).sum())} inf values"))
 
 
-def _article(word: str) -> str:
-    return "an" if word[:1] in "aeio" else "a"  # an int32, a float32, a uint8
-
-
-def _kind(value: Any) -> str:
-    """`int 42`: what the user passed where a node was expected."""
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+def missing_feed(node: Node, why: str) -> MissingFeedError:
+    """Placeholder `node` was not fed, though `why` ("'loss' needs it"): what to feed it."""
+    article = "an" if node.dtype[:1] in "aeio" else "a"  # an int32, a float32, a uint8
+    return MissingFeedError(located(node, f"is not fed, but {why}; expected {article} "
+                                          f"{node.dtype} array of shape "
+                                          f"{format_tuple(node.shape)}"))
 
 
 def _names(nodes: list[Node]) -> str:

@@ -40,6 +40,17 @@ def format_tuple(shape: Shape) -> str:
     return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
 
 
+def twin_of(graph: Graph, node: Node) -> Node | None:
+    """`graph`'s node that `node` stands for: itself, or in a copy of its graph (a plan's, a
+    model built again) the node of its name, op, shape and dtype; None if there is none."""
+    if node.graph is graph:
+        return node
+    twin = graph[node.name] if node.name in graph else None
+    same = twin is not None and (twin.op, tuple(twin.shape), twin.dtype) == (
+        node.op, tuple(node.shape), node.dtype)
+    return twin if same else None
+
+
 def user_source_line() -> str:
     """file:line of the innermost stack frame outside graphflow: where the user created a node."""
     frame = sys._getframe(1)

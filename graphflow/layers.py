@@ -20,12 +20,12 @@ from graphflow.errors import ShapeError
 from graphflow.ir import Node, current_graph, user_source_line
 from graphflow.ops.conv import conv2d as conv2d_op
 from graphflow.ops.elementwise import add
-from graphflow.ops.local import is_int, pair
 from graphflow.ops.local import local2d as local2d_op
 from graphflow.ops.matmul import matmul
 from graphflow.ops.norm import lrn
 from graphflow.ops.pool import avg_pool2d, max_pool2d
 from graphflow.ops.shape import transpose
+from graphflow.ops.window import is_int, pair
 
 __all__ = ["HWCN_TO_NCHW", "NCHW_TO_HWCN", "avg_pool2d", "conv2d", "dense", "local2d", "lrn",
            "max_pool2d"]

@@ -19,17 +19,9 @@ from graphflow.errors import ShapeError
 from graphflow.ir import Node
 from graphflow.ops import registry
 from graphflow.ops.blas import NT, TR, gemm
-from graphflow.ops.local import (
-    add_run,
-    attr_pair,
-    copy_run,
-    expect_known,
-    geometry,
-    out_size,
-    pair,
-    zero_run,
-)
+from graphflow.ops.local import add_run, copy_run, expect_known, zero_run
 from graphflow.ops.registry import Spec, apply, expect_ndim, fmt, register, same_float_dtype
+from graphflow.ops.window import attr_pair, geometry, out_size, pair
 
 Grads = Sequence[Node | None]
 Shape4 = tuple[int | None, ...]

@@ -18,8 +18,8 @@ from numba import njit
 
 from graphflow.errors import ShapeError
 from graphflow.ir import Node, Shape
-from graphflow.ops.local import attr_pair, pair
 from graphflow.ops.registry import Cost, Spec, apply, expect_ndim, fmt, register, same_float_dtype
+from graphflow.ops.window import attr_pair, pair
 
 Grads = Sequence[Node | None]
 LAYOUT = "(N, C, H, W)"

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from graphflow.autodiff import drop_gradients, gradients
 from graphflow.costmodel import CostModel
 from graphflow.errors import GraphError
-from graphflow.ir import Graph, Node
+from graphflow.ir import Graph, Node, twin_of
 from graphflow.models import Model
 from graphflow.partitioners import layerwise, manual, mincut, spatial
 from graphflow.partitioners.plan import Plan, Transfer, WorkerPlan
@@ -105,8 +105,7 @@ def _loss_node(graph: Graph, loss: object) -> Node | None:
     if not isinstance(loss, Node):
         raise TypeError(f"partition: loss must be a Node of the graph or its name, got "
                         f"{type(loss).__name__} {loss!r:.60}")
-    mine = graph[loss.name] if loss.name in graph else None
-    if mine is None or (mine.op, mine.shape) != (loss.op, loss.shape):
+    if (mine := twin_of(graph, loss)) is None:
         raise GraphError(f"partition: loss {loss.where()} is a node of another graph")
     return mine
 

@@ -1,4 +1,5 @@
-"""Tiny graphs and a cost model of given node times, for the step simulator's tests."""
+"""Tiny graphs and a cost model of given node times, for the step simulator's and the
+planners' tests."""
 
 import graphflow as gf
 from graphflow.costmodel import CostModel, Link
@@ -28,3 +29,14 @@ def timed_model(times, bandwidth=ROW, latency=0.0):
     """Times in seconds per node name; a link that moves one batch-1 tensor per second; no
     CPU time on messages."""
     return CostModel(times=times, link=Link(bandwidth, latency), batch=1, message_cpu_s=0.0)
+
+
+def two_workers():
+    """x -> h on worker 1 -> loss on worker 0: a transfer each way."""
+    with gf.Graph() as g:
+        x = gf.placeholder("x", (None, 3))
+        with gf.device("worker:1"):
+            w = gf.parameter("w", (3,), init="normal", scale=1.0)
+            h = gf.mul(x, w, name="h")
+        loss = gf.reduce_sum(gf.square(h, name="sq"), name="loss")
+    return g, loss

@@ -17,17 +17,7 @@ from graphflow.partitioners import Plan, PlanError, partition
 from graphflow.prediction import command_cost
 from graphflow.runtime.cores import blas_threads, core_share
 from graphflow.viz import build_diagram, command
-
-
-def two_workers() -> tuple[gf.Graph, gf.Node]:
-    """x -> h on worker 1 -> loss on worker 0: a transfer each way."""
-    with gf.Graph() as g:
-        x = gf.placeholder("x", (None, 3))
-        with gf.device("worker:1"):
-            w = gf.parameter("w", (3,), init="normal", scale=1.0)
-            h = gf.mul(x, w, name="h")
-        loss = gf.reduce_sum(gf.square(h, name="sq"), name="loss")
-    return g, loss
+from tests.simgraphs import two_workers
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import pytest
 
 import graphflow as gf
 from graphflow.partitioners import Plan, partition, split
+from tests.simgraphs import two_workers
 
 
 def listing(plan):
@@ -46,12 +47,7 @@ def test_golden_placeholder_is_replicated_not_sent():
 
 
 def test_golden_backward_crosses_back():
-    with gf.Graph() as g:
-        x = gf.placeholder("x", (None, 3))
-        with gf.device("worker:1"):
-            w = gf.parameter("w", (3,), init="normal", scale=1.0)
-            h = gf.mul(x, w, name="h")
-        loss = gf.reduce_sum(gf.square(h, name="sq"), name="loss")
+    g, loss = two_workers()  # x -> h on worker 1 -> loss on worker 0
     plan = partition(g, 2, "manual", loss=loss)
     assert [(t.tensor, t.src, t.dst) for t in plan.transfers] == [
         ("h", 1, 0), ("grad/sq/mul_1", 0, 1)]

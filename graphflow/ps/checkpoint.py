@@ -28,6 +28,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from graphflow.runtime.worker import make_optimizer
+
 log = logging.getLogger("graphflow.ps")
 
 _REF = 7  # msgpack extension code of an array reference
@@ -147,3 +149,39 @@ def _fsync_dir(d: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def parse_state(st: Any) -> dict[str, Any]:
+    """Checked shard state from a loaded checkpoint, its optimizer rebuilt (raises ValueError /
+    KeyError / TypeError on anything malformed): `load_newest`'s `parse` for a Shard."""
+    if not isinstance(st, dict) or st.get("format") != 1:
+        raise ValueError("not a format-1 shard checkpoint")
+    params = {str(k): _flat(v) for k, v in st["params"].items()}
+    opt = make_optimizer(st["optimizer"]) if st["optimizer"] else None
+    if opt is not None:
+        opt.state = {str(k): {str(s): _flat(a).copy() for s, a in slots.items()}
+                     for k, slots in st["slots"].items()}
+    pairs = lambda rows: {int(a): int(b) for a, b in rows}  # noqa: E731
+    run = st.get("run")  # (absent before runs were named)
+    return {
+        "run": None if run is None else str(run),
+        "params": {k: v.copy() for k, v in params.items()},
+        "versions": {str(k): int(v) for k, v in st["versions"].items()},
+        "optimizer": opt, "last_step": {str(k): pairs(v) for k, v in st["last_step"].items()},
+        "clock": pairs(st["clock"]), "live": {int(r) for r in st["live"]},
+        "replicas": {int(r) for r in st["replicas"]},
+        "staleness": None if st["staleness"] is None else int(st["staleness"]),
+        "bsp_deadline": float(st["bsp_deadline"]),
+        "counts": {k: int(v) for k, v in st["counts"].items()},
+        "vectors": {str(n): {str(k): _flat(a).copy() for k, a in vec.items()}
+                    for n, vec in st["vectors"].items()},
+        "accepted": {str(n): {str(t) for t in tasks} for n, tasks in st["accepted"].items()},
+        "pending": [(int(s), {str(k): _flat(a).copy() for k, a in sums.items()},
+                     {str(k): {int(r) for r in w} for k, w in pushed.items()}, int(version))
+                    for s, sums, pushed, version in st["pending"]]}
+
+
+def _flat(a: Any) -> np.ndarray:
+    if not isinstance(a, np.ndarray) or a.ndim != 1 or a.dtype.kind != "f":
+        raise TypeError(f"expected a flat float array, got {type(a).__name__}")
+    return a

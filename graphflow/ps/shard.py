@@ -92,7 +92,7 @@ class Shard(VectorOps, BspBarrier):
         self._changes = 0  # updates since the last checkpoint
         self._last_checkpoint = time.monotonic()
         if self.checkpoint_dir is not None:
-            found = ckpt.load_newest(self.checkpoint_dir, index, _parse_state)
+            found = ckpt.load_newest(self.checkpoint_dir, index, ckpt.parse_state)
             if found is not None:
                 self._install(found[1])
                 self.restored_from = found[0]
@@ -333,7 +333,7 @@ class Shard(VectorOps, BspBarrier):
             **self._vector_state()}
 
     def _install(self, st: dict[str, Any]) -> None:
-        self.optimizer = st["optimizer"]
+        self.optimizer = _warmed(st["optimizer"])
         for name in ("run", "params", "versions", "last_step", "clock", "live", "replicas",
                      "staleness", "bsp_deadline", "vectors", "accepted"):
             setattr(self, name, st[name])
@@ -356,36 +356,6 @@ class Shard(VectorOps, BspBarrier):
         self.stopping = True
 
 
-def _parse_state(st: Any) -> dict[str, Any]:
-    """Checked shard state from a loaded checkpoint (raises ValueError / KeyError /
-    TypeError on anything malformed)."""
-    if not isinstance(st, dict) or st.get("format") != 1:
-        raise ValueError("not a format-1 shard checkpoint")
-    params = {str(k): _flat(v) for k, v in st["params"].items()}
-    opt = _warmed(make_optimizer(st["optimizer"])) if st["optimizer"] else None
-    if opt is not None:
-        opt.state = {str(k): {str(s): _flat(a).copy() for s, a in slots.items()}
-                     for k, slots in st["slots"].items()}
-    pairs = lambda rows: {int(a): int(b) for a, b in rows}  # noqa: E731
-    run = st.get("run")  # (absent before runs were named)
-    return {
-        "run": None if run is None else str(run),
-        "params": {k: v.copy() for k, v in params.items()},
-        "versions": {str(k): int(v) for k, v in st["versions"].items()},
-        "optimizer": opt, "last_step": {str(k): pairs(v) for k, v in st["last_step"].items()},
-        "clock": pairs(st["clock"]), "live": {int(r) for r in st["live"]},
-        "replicas": {int(r) for r in st["replicas"]},
-        "staleness": None if st["staleness"] is None else int(st["staleness"]),
-        "bsp_deadline": float(st["bsp_deadline"]),
-        "counts": {k: int(v) for k, v in st["counts"].items()},
-        "vectors": {str(n): {str(k): _flat(a).copy() for k, a in vec.items()}
-                    for n, vec in st["vectors"].items()},
-        "accepted": {str(n): {str(t) for t in tasks} for n, tasks in st["accepted"].items()},
-        "pending": [(int(s), {str(k): _flat(a).copy() for k, a in sums.items()},
-                     {str(k): {int(r) for r in w} for k, w in pushed.items()}, int(version))
-                    for s, sums, pushed, version in st["pending"]]}
-
-
 def _warmed(opt: Optimizer | None) -> Optimizer | None:
     """`opt`, its kernel loaded (or compiled) now rather than on the first push, which would
     wait ~0.5 s; pushes bring read-only arrays, a kernel signature of its own."""
@@ -395,9 +365,3 @@ def _warmed(opt: Optimizer | None) -> Optimizer | None:
         opt.update("\0warm-up", np.zeros(1, np.float32), grad)
         opt.state.pop("\0warm-up", None)
     return opt
-
-
-def _flat(a: Any) -> np.ndarray:
-    if not isinstance(a, np.ndarray) or a.ndim != 1 or a.dtype.kind != "f":
-        raise TypeError(f"expected a flat float array, got {type(a).__name__}")
-    return a

@@ -37,7 +37,6 @@ import zmq
 
 from graphflow.errors import GraphflowError
 from graphflow.lifetime import how_it_ended, log_tail
-from graphflow.runtime import pipeline
 from graphflow.runtime.calls import WorkerCalls, WorkerFailed, reply_grace
 from graphflow.runtime.clusterfile import CONNECT_TIMEOUT, check_hosts, read_cluster_file
 from graphflow.runtime.cores import BLAS_LIMIT, pinned_cores, start_worker_process
@@ -296,7 +295,7 @@ class Cluster:
         checked = self._args.feeds(feeds)
         session = tracing.current()  # a traced run: the workers record, the driver times steps
         traced = session.join(self) if session is not None else None
-        rows = self._batch_rows(checked)
+        rows = self._args.rows(checked, self.microbatches)
         step = SentStep(self.step_count, {}, traced, clock())
         for i in range(self.plan.parts):
             step.requests[i] = calls.send(i, "step", {
@@ -306,18 +305,6 @@ class Cluster:
                 "schedule": self.schedule, "rows": rows})
         self.step_count += 1
         return step
-
-    def _batch_rows(self, feeds: Mapping[str, np.ndarray]) -> int | None:
-        """The batch's rows, when it is cut into micro-batches (each weighs its rows); a
-        ValueError here, before any worker is asked, if it has fewer rows than micro-batches."""
-        if self.microbatches == 1:
-            return None
-        batched = [n.name for n in self.plan.graph.placeholders() if n.name in feeds and n.shape]
-        if not batched:
-            return None
-        rows = len(np.asarray(feeds[batched[0]]))
-        pipeline.microbatch_rows(rows, self.microbatches)
-        return rows
 
     def _finish_step(self, step: SentStep) -> dict[str, np.ndarray]:
         t0 = max(step.sent, self._finished)  # (a streamed step waited for the one before)

@@ -18,7 +18,7 @@ import numpy as np
 
 from graphflow.ir import Graph, Node, users_of
 from graphflow.ops import aligned
-from graphflow.ops.local import geometry
+from graphflow.ops.window import geometry
 from graphflow.optim import Optimizer
 
 

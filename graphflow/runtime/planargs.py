@@ -16,16 +16,16 @@ graphflow.errors.MissingFeedError: placeholder 'y' (...): is not fed, ...
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from graphflow.errors import GraphError, MissingFeedError, located
-from graphflow.executor import checked_value
+from graphflow.errors import GraphError, described, did_you_mean, located
+from graphflow.executor import checked_value, missing_feed
 from graphflow.init import block_of
-from graphflow.ir import Node, format_tuple, user_source_line
+from graphflow.ir import Node, twin_of, user_source_line
+from graphflow.runtime import pipeline
 
 if TYPE_CHECKING:  # (a worker process starts without the partitioners)
     from graphflow.partitioners.plan import Plan
@@ -54,12 +54,12 @@ class PlanArgs:
             fetches = [fetches]
         elif not isinstance(fetches, Iterable):
             raise GraphError(f"Cluster ({user_source_line()}): fetches must be nodes or node "
-                             f"names, got {_kind(fetches)}")
+                             f"names, got {described(fetches)}")
         names = [self._name(f, "fetch") for f in fetches]
         for name in names:
             if name not in self.plan.placement:
                 raise GraphError(f"Cluster ({user_source_line()}): no node named '{name}' in "
-                                 f"the plan to fetch{_hint(name, self.plan.placement)}")
+                                 f"the plan to fetch{did_you_mean(name, self.plan.placement)}")
         return list(dict.fromkeys(names))
 
     def feeds(self, feeds: Feeds) -> dict[str, np.ndarray]:
@@ -68,7 +68,7 @@ class PlanArgs:
         caller fed) and cast to its dtype."""
         if not isinstance(feeds, Mapping):
             raise GraphError(f"Cluster ({user_source_line()}): feeds must be a dict from "
-                             f"placeholders or their names to arrays, got {_kind(feeds)}")
+                             f"placeholders or their names to arrays, got {described(feeds)}")
         out = {}
         for key, value in feeds.items():
             name = self._name(key, "feed")
@@ -77,11 +77,21 @@ class PlanArgs:
             out[name] = checked_value(self.placeholders[name], value)
         for node in self.required:
             if node.name not in out:
-                raise MissingFeedError(located(node, (
-                    f"is not fed, but the plan's workers read it (each runs its whole "
-                    f"subgraph, whatever is fetched); expected {_article(node.dtype)} "
-                    f"{node.dtype} array of shape {format_tuple(node.shape)}")))
+                raise missing_feed(node, "the plan's workers read it (each runs its whole "
+                                         "subgraph, whatever is fetched)")
         return out
+
+    def rows(self, feeds: Mapping[str, np.ndarray], microbatches: int) -> int | None:
+        """The batch's rows, when it is cut into `microbatches` (each weighs its rows); a
+        ValueError here, before any worker is asked, if it has fewer rows than micro-batches."""
+        if microbatches == 1:
+            return None
+        batched = [name for name, n in self.placeholders.items() if name in feeds and n.shape]
+        if not batched:
+            return None
+        rows = len(np.asarray(feeds[batched[0]]))
+        pipeline.microbatch_rows(rows, microbatches)
+        return rows
 
     def parameters(self, values: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
         """Each worker's part of `values`, by `Cluster.params()`'s names or the model's: a
@@ -115,15 +125,14 @@ class PlanArgs:
         if not isinstance(key, Node):
             expected = ("fetches must be nodes or node names" if role == "fetch" else
                         "feeds must be keyed by placeholders or their names")
-            raise GraphError(f"Cluster ({user_source_line()}): {expected}, got {_kind(key)}")
+            raise GraphError(f"Cluster ({user_source_line()}): {expected}, got {described(key)}")
         # The plan holds a copy of the model's graph: its node of the same name stands for it.
-        twin = self.plan.graph[key.name] if key.name in self.plan.graph else None
-        if key.graph is not self.plan.graph and (
-                twin is None or (twin.op, tuple(twin.shape), twin.dtype)
-                != (key.op, tuple(key.shape), key.dtype)):
+        if twin_of(self.plan.graph, key) is None:
+            namesake = self.plan.graph[key.name] if key.name in self.plan.graph else None
             has = (f"no node '{key.name}': the node is of another graph (or the plan's "
-                   f"'{self.plan.strategy}' strategy rewrote it)" if twin is None else
-                   f"a different node of that name, {twin!r}: the node is of another graph")
+                   f"'{self.plan.strategy}' strategy rewrote it)" if namesake is None else
+                   f"a different node of that name, {namesake!r}: the node is of another "
+                   f"graph")
             raise GraphError(located(key, f"is a {role}, but the plan has {has}"))
         return key.name
 
@@ -135,19 +144,4 @@ class PlanArgs:
                               f"{self.plan.graph[name].op}, and a cluster's workers are fed "
                               f"placeholders only ({known})")
         return GraphError(f"{where}: no placeholder named '{name}' in the plan to feed (its "
-                          f"placeholders: {known}){_hint(name, self.placeholders)}")
-
-
-def _hint(name: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(known), n=3)
-    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-
-
-def _article(word: str) -> str:
-    return "an" if word[:1] in "aeio" else "a"  # an int32, a float32, a uint8
-
-
-def _kind(value: object) -> str:
-    """`int 42`: what the caller passed where a node was expected."""
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+                          f"placeholders: {known}){did_you_mean(name, self.placeholders)}")
