@@ -32,12 +32,15 @@ class Model:
     logits: Node
     loss: Node
 
-    def classes(self, session: Session, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
+    def classes(self, session: Session | Callable[[np.ndarray], np.ndarray], x: np.ndarray,
+                batch_size: int = 256) -> np.ndarray:
         """The predicted class of each row of `x` (argmax of the logits) with `session`'s
-        parameters, `batch_size` rows a run; a graph of fixed batch N runs N at a time, the
-        last chunk padded."""
+        parameters (or by a function from rows to their logits), `batch_size` rows a run; a
+        graph of fixed batch N runs N at a time, the last chunk padded."""
         if len(x) == 0:
             raise ValueError(f"{self.name}: no rows to predict")
+        logits_of = session if callable(session) else (
+            lambda rows: session.run(self.logits, {self.x: rows}))
         size = self.x.shape[0] or batch_size
         out = []
         for start in range(0, len(x), size):
@@ -46,10 +49,11 @@ class Model:
             if n < size and self.x.shape[0] is not None:
                 chunk = np.concatenate([chunk, np.zeros((size - n, *chunk.shape[1:]),
                                                         chunk.dtype)])
-            out.append(np.argmax(session.run(self.logits, {self.x: chunk})[:n], axis=1))
+            out.append(np.argmax(logits_of(chunk)[:n], axis=1))
         return np.concatenate(out)
 
-    def accuracy(self, session: Session, x: np.ndarray, y: np.ndarray) -> float:
+    def accuracy(self, session: Session | Callable[[np.ndarray], np.ndarray], x: np.ndarray,
+                 y: np.ndarray) -> float:
         """The share of rows of `x` whose predicted class is `y`'s."""
         if len(x) != len(y):
             raise ValueError(f"{self.name}: {len(x)} inputs but {len(y)} labels")

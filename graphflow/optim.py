@@ -15,6 +15,8 @@ parameter-server shard uses the same object on the slices it holds.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -166,3 +168,14 @@ class Adagrad(Optimizer):
 
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": SGD, "momentum": Momentum, "adagrad": Adagrad}
+
+
+def make_optimizer(spec: Mapping[str, Any] | None) -> Optimizer | None:
+    """{"name": "sgd", "lr": 0.1, ...} -> an optimizer (None: no updates)."""
+    if not spec:
+        return None
+    args = dict(spec)
+    name = args.pop("name")
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer '{name}'; known: {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[name](**args)

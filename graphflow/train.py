@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -95,15 +95,15 @@ class Trainer:
 
     def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
         """Class predictions (argmax of the logits)."""
-        self._fetch_params()
-        return self.model.classes(self.session, x, batch_size)
+        return self.model.classes(self._logits_of(), x, batch_size)
 
     def accuracy(self, x: np.ndarray, y: np.ndarray) -> float:
-        self._fetch_params()
-        return self.model.accuracy(self.session, x, y)
+        return self.model.accuracy(self._logits_of(), x, y)
 
-    def _fetch_params(self) -> None:
-        """Bring the trained parameters into `self.session` (here they are there already)."""
+    def _logits_of(self) -> Callable[[np.ndarray], np.ndarray] | Session:
+        """What gives the logits of some rows with the trained parameters: here the session,
+        which holds them."""
+        return self.session
 
 
 def pairs(batches: Iterable[tuple[np.ndarray, np.ndarray]]
@@ -122,7 +122,7 @@ def pairs(batches: Iterable[tuple[np.ndarray, np.ndarray]]
 class PartitionedTrainer(Trainer):
     """Trains a Model split across workers (model parallelism): `parts` workers placed by
     `strategy`, run as threads, local processes or remote `hosts`. Parameters live on the
-    workers; `accuracy` and `predict` first copy them into a local session. `microbatches`
+    workers, which also compute `accuracy`'s and `predict`'s logits. `microbatches`
     "auto" takes the count of 1 (no pipeline), 2, 3, 4, 8 with the shortest predicted step at
     `batch` (the fewest within 5% of it; 1 where the plan cannot pipeline): `self.microbatches`
     says which. With `check_numerics`, a step
@@ -137,7 +137,6 @@ class PartitionedTrainer(Trainer):
         # checked before the partitioning and the "auto" timings, not after them in Cluster
         check_cluster_options(mode, hosts, microbatches, timeout, connect_timeout, auto=True)
         self.model, self.optimizer = model, optimizer
-        self.session = Session(model.graph)
         self.plan = partition(model.graph, parts, strategy, loss=model.loss)
         if microbatches == "auto":
             if batch is None:
@@ -163,8 +162,18 @@ class PartitionedTrainer(Trainer):
             self.step_count += 1
             yield float(out[self.model.loss.name])
 
-    def _fetch_params(self) -> None:
-        self.session.params.update(self.plan.assemble(self.cluster.params()))
+    def _logits_of(self) -> Callable[[np.ndarray], np.ndarray]:
+        """The workers compute the logits (a run that does not train: no labels, no backward,
+        and no parameter leaves its worker)."""
+        x, logits = self.model.x.name, self.model.logits.name
+
+        def logits_of(rows: np.ndarray) -> np.ndarray:
+            n = len(rows)  # (at least a row per micro-batch)
+            if n < self.microbatches:
+                rows = np.concatenate([rows, np.zeros((self.microbatches - n, *rows.shape[1:]),
+                                                      rows.dtype)])
+            return self.cluster.run({x: rows}, logits)[logits][:n]
+        return logits_of
 
     def close(self) -> None:
         self.cluster.close()
@@ -207,8 +216,10 @@ class DataParallelTrainer(Trainer):
                 history.losses.append(loss)
         return history
 
-    def _fetch_params(self) -> None:
+    def _logits_of(self) -> Session:
+        """A local session with the shards' parameters."""
         self.session.params.update(self.manager.params())
+        return self.session
 
     def close(self) -> None:
         self.manager.close()

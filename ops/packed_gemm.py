@@ -24,7 +24,8 @@ from contextlib import contextmanager
 import numpy as np
 from numba import njit
 
-from graphflow.ops import aligned
+from graphflow.ir import Node
+from graphflow.ops import aligned, small_gemm
 from graphflow.ops.simd import LANES, vload, vstore4
 from graphflow.ops.small_gemm import BLOCK_ROWS, CHUNK_COLS, PANEL, _nn_row1, _nn_rows4
 
@@ -171,3 +172,17 @@ def forward(a: np.ndarray, w: np.ndarray, out: np.ndarray) -> int | None:
     """`PackedWeights.forward` by the weights this thread uses (see `using`); None without."""
     weights: PackedWeights | None = getattr(_current, "weights", None)
     return None if weights is None else weights.forward(a, w, out)
+
+
+def forward_weights(order: list[Node]) -> list[str]:
+    """The float32 parameters that are the w of a forward x @ w long and wide enough for
+    small_gemm's kernel (the backward's matmuls transpose theirs)."""
+    names = []
+    for n in order:
+        if n.op != "matmul" or n.attrs.get("transpose_a") or n.attrs.get("transpose_b"):
+            continue
+        w = n.inputs[1]
+        if w.op == "parameter" and w.dtype == "float32" and len(w.shape) == 2 and \
+                small_gemm.wins(small_gemm.row_limit(), w.shape[1], w.shape[0]):
+            names.append(w.name)
+    return list(dict.fromkeys(names))

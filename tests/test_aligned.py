@@ -8,9 +8,9 @@ import pytest
 from graphflow import models
 from graphflow.init import initial_value
 from graphflow.ops import aligned
+from graphflow.optim import make_optimizer
 from graphflow.partitioners import partition
 from graphflow.runtime.backlog import Backlog
-from graphflow.runtime.worker import make_optimizer
 
 
 def _starts_on_a_page(a: np.ndarray) -> bool:

@@ -112,7 +112,7 @@ def test_a_missing_placeholder_is_named_at_the_driver(model, plan):
         with pytest.raises(MissingFeedError, match=r"placeholder 'y' .*is not fed, but the "
                                                    r"plan's workers read it .*expected an "
                                                    r"int32 array of shape \(N,\)"):
-            cluster.run({"x": batches(1)[0]["x"]}, [model.logits])
+            cluster.step({"x": batches(1)[0]["x"]})
         cluster.step(batches(1)[0])  # the workers were not disturbed
 
 

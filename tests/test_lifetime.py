@@ -63,7 +63,7 @@ def test_a_cluster_dropped_without_close_ends_its_workers():
     model = gf.models.digits_lc(batch=None)
     cluster = Cluster(partition(model.graph, 2, "spatial", loss=model.loss), mode="processes",
                       timeout=60)
-    workers, sockets = [p.pid for p in cluster._procs], cluster._tmp
+    workers, sockets = [p.pid for p in cluster._procs], cluster._local.tmp
     assert not any(gone(p) for p in workers)
     del cluster
     gc.collect()
@@ -117,3 +117,14 @@ def test_a_worker_process_that_dies_at_start_is_named_with_its_last_words(tmp_pa
     assert failure.value.worker == "worker:0"
     # named once it is gone, not after the 60-s timeout, and the dead are not asked to shut down
     assert time.monotonic() - t0 < 8
+
+
+def test_a_worker_process_slow_to_start_is_waited_for(tmp_path, monkeypatch):
+    # a loaded machine: each worker takes 4 s to start, twice its 2-s timeout
+    (tmp_path / "sitecustomize.py").write_text("import time\ntime.sleep(4)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    model = gf.models.digits_lc(batch=None)
+    plan = partition(model.graph, 2, "spatial", loss=model.loss)
+    with Cluster(plan, mode="processes", timeout=2.0) as cluster:
+        assert set(plan.assemble(cluster.params())) == {p.name for p in
+                                                        model.graph.parameters()}

@@ -28,7 +28,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from graphflow.runtime.worker import make_optimizer
+from graphflow.optim import make_optimizer
 
 log = logging.getLogger("graphflow.ps")
 

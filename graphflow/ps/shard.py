@@ -31,12 +31,11 @@ import numpy as np
 
 from graphflow.errors import GraphflowError
 from graphflow.ops import aligned
-from graphflow.optim import Optimizer
+from graphflow.optim import Optimizer, make_optimizer
 from graphflow.ps import checkpoint as ckpt
 from graphflow.ps.barrier import BspBarrier, BspStep
 from graphflow.ps.layout import slices_differ
 from graphflow.ps.vectors import VectorOps
-from graphflow.runtime.worker import make_optimizer
 
 log = logging.getLogger("graphflow.ps")
 

@@ -19,11 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
-import tempfile
-import threading
 import time
 import uuid
 import weakref
@@ -36,15 +33,14 @@ import numpy as np
 import zmq
 
 from graphflow.errors import GraphflowError
-from graphflow.lifetime import how_it_ended, log_tail
 from graphflow.runtime.calls import WorkerCalls, WorkerFailed, reply_grace
 from graphflow.runtime.clusterfile import CONNECT_TIMEOUT, check_hosts, read_cluster_file
-from graphflow.runtime.cores import BLAS_LIMIT, pinned_cores, start_worker_process
+from graphflow.runtime.cores import BLAS_LIMIT, pinned_cores
 from graphflow.runtime.heap import keep_freed_memory
 from graphflow.runtime.inflight import FeedBuffers, SentStep
+from graphflow.runtime.launch import PROCESS_START, LocalWorkers, reap
 from graphflow.runtime.options import check_cluster_options, check_pipeline
 from graphflow.runtime.planargs import Feeds, Fetches, PlanArgs
-from graphflow.runtime.service import serve
 from graphflow.runtime.worker import worker_name
 from graphflow.serialize import graph_to_dict
 from graphflow.trace import session as tracing
@@ -54,16 +50,10 @@ from graphflow.transport.rpc import RpcClient
 if TYPE_CHECKING:  # (a worker process starts without the partitioners)
     from graphflow.partitioners.plan import Plan
 
-
 def _reap(procs: list[subprocess.Popen[bytes]], tmp: str | None, feeds: FeedBuffers) -> None:
-    """Kill the worker processes still running; remove the socket directory and feed files."""
+    """End what a cluster dropped without close still holds: processes, folders, feed files."""
     feeds.close()
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    if tmp:
-        shutil.rmtree(tmp, ignore_errors=True)
+    reap(procs, tmp)
 
 
 class Cluster:
@@ -97,18 +87,17 @@ class Cluster:
         self._args = PlanArgs(plan)
         self.names = [worker_name(i) for i in range(plan.parts)]
         self.context = zmq.Context.instance()
-        self._run = uuid.uuid4().hex[:8]
-        self._tmp = tempfile.mkdtemp(prefix="graphflow-") if mode == "processes" else None
-        self._threads: list[threading.Thread] = []
+        self._local = LocalWorkers(mode, uuid.uuid4().hex[:8], self.context)
+        self._procs = self._local.procs
         # the workers of every cluster here share the cores (replicas: replicas x parts)
         self.local_workers, self.pin = local_workers or plan.parts, pin
         self._blas_limited = mode == "threads" and BLAS_LIMIT.acquire(self.local_workers)
-        self._procs: list[subprocess.Popen[bytes]] = []
         self.step_count = 0
         self._feed_buffers = FeedBuffers.for_mode(mode)
         # a cluster dropped without close still ends its worker processes (when collected, or
         # at the interpreter's exit); a killed driver's workers end by themselves (lifetime.py)
-        self._reap = weakref.finalize(self, _reap, self._procs, self._tmp, self._feed_buffers)
+        self._reap = weakref.finalize(self, _reap, self._procs, self._local.tmp,
+                                      self._feed_buffers)
         self._finished = 0.0  # when the last step's replies were all in
         self.trace_label: str | None = None  # names its workers in a trace of several clusters
         self.clients: list[RpcClient] = []
@@ -119,8 +108,8 @@ class Cluster:
             # driver waits a little longer, so only a dead or hung worker fails to answer
             self.clients = [RpcClient(a, n, timeout + reply_grace(timeout), self.context)
                             for a, n in zip(self.control, self.names, strict=True)]
-            self._worker_calls = WorkerCalls(self.clients, self.names, self._ended,
-                                             self._last_words)
+            self._worker_calls = WorkerCalls(self.clients, self.names, self._local.ended,
+                                             self._local.last_words)
             self._load(optimizer)
         except BaseException:
             self.close()
@@ -141,32 +130,14 @@ class Cluster:
             return list(hosts or [])
         if self.mode == "threads":  # the workers' tensors, every step again: see runtime/heap
             keep_freed_memory()
-        addresses = []
         pins = (pinned_cores(self.plan, self.microbatches, self.local_workers, self.pin)
                 if self.mode == "processes" else None)
-        for i in range(self.plan.parts):
-            if self.mode == "threads":
-                address = f"inproc://graphflow-{self._run}-control{i}"
-                ready = threading.Event()
-                t = threading.Thread(target=serve, args=(address, self.context, ready),
-                                     daemon=True, name=f"graphflow-worker{i}")
-                t.start()
-                ready.wait(self.timeout)
-                self._threads.append(t)
-            else:
-                address = f"ipc://{self._tmp}/control{i}"
-                cpu = pins[i] if pins else None
-                self._procs.append(start_worker_process(address, self.local_workers, cpu,
-                                                        log=self._log(i)))
-            addresses.append(address)
-        return addresses
+        return self._local.start(self.plan.parts, self.local_workers, pins, self.timeout)
 
     def _data_bind(self, i: int, control: str) -> str:
-        if self.mode == "threads":
-            return f"inproc://graphflow-{self._run}-data{i}"
-        if self.mode == "processes":
-            return f"ipc://{self._tmp}/data{i}"
-        return f"tcp://{urlparse(control).hostname}:*"
+        if self.mode == "remote":
+            return f"tcp://{urlparse(control).hostname}:*"
+        return self._local.data_bind(i)
 
     def _load(self, optimizer: Mapping[str, Any] | None) -> None:
         self._greet()
@@ -178,16 +149,18 @@ class Cluster:
         self.call_all("connect", {"peers": dict(zip(self.names, data, strict=True))})
 
     def _greet(self) -> None:
-        """The first call: a remote worker is attached to this driver's run, and must answer
-        within `connect_timeout` (a wrong address fails in seconds, not after `timeout`)."""
+        """The first call. A local process has at least PROCESS_START s to start (Python and
+        its imports take seconds on a busy machine; one that dies is still named within a
+        second). A remote worker is attached to this driver's run, and must answer within
+        `connect_timeout` (a wrong address fails in seconds, not after `timeout`)."""
+        wait = self.clients[0].timeout
         if self.mode != "remote":
-            self.call_all("hello", {})
+            self._first_call("hello", {}, max(wait, PROCESS_START * (self.mode == "processes")))
             return
-        wait, first = self.clients[0].timeout, min(self.connect_timeout, self.clients[0].timeout)
-        for client in self.clients:  # (back to `wait` once attached)
-            client.timeout = first
+        first = min(self.connect_timeout, wait)
         try:
-            self.call_all("attach", {"driver": f"{socket.gethostname()} pid {os.getpid()}"})
+            self._first_call("attach", {"driver": f"{socket.gethostname()} pid {os.getpid()}"},
+                             first)
         except WorkerFailed as e:
             self.attached = True  # (some may have: close releases every one that answered)
             if not e.silent:
@@ -198,9 +171,18 @@ class Cluster:
                                f"(or busy with another driver's step; a slow network: "
                                f"connect_timeout, `graphflow train --connect-timeout`)",
                                e.worker, silent=True) from None
-        for client in self.clients:
-            client.timeout = wait
         self.attached = True
+
+    def _first_call(self, method: str, args: Mapping[str, Any], seconds: float) -> None:
+        """`call_all`, each worker given `seconds` to answer (then back to its timeout)."""
+        wait = self.clients[0].timeout
+        for client in self.clients:
+            client.timeout = seconds
+        try:
+            self.call_all(method, args)
+        finally:
+            for client in self.clients:
+                client.timeout = wait
 
     # -- calls (runtime/calls.py) ---------------------------------------------------------------
     @property
@@ -213,17 +195,6 @@ class Cluster:
             raise GraphflowError("the cluster is closed: its workers were shut down or "
                                  "released by close() (or at the end of its `with` block)")
 
-    def _ended(self, i: int) -> str:
-        """How worker i's local process ended ("" while it runs, or if it is no process here)."""
-        code = self._procs[i].poll() if i < len(self._procs) else None
-        return "" if code is None else how_it_ended(code)
-
-    def _last_words(self, i: int) -> str:
-        return log_tail(self._log(i), lines=8) if i < len(self._procs) else ""
-
-    def _log(self, i: int) -> str:
-        return os.path.join(self._tmp or "", f"worker{i}.log")
-
     def call_each(self, method: str, args: Sequence[Mapping[str, Any]]) -> list[Any]:
         """Call a WorkerService method on every worker, worker i with args[i]."""
         return self._calls.call_each(method, args)
@@ -235,8 +206,9 @@ class Cluster:
     # -- the public API -----------------------------------------------------------------------
     def run(self, feeds: Feeds, fetches: Fetches = (), train: bool = False,
             check_numerics: bool = False) -> dict[str, np.ndarray]:
-        """One step of every worker; returns the fetched values by node name. Every placeholder
-        the workers read must be fed, whatever is fetched (each runs its whole subgraph)."""
+        """One step of every worker; returns the fetched values by node name. Without `train`
+        the workers compute only what the fetches depend on, so only the placeholders those
+        read must be fed (the logits need no labels); a training step needs them all."""
         return self._finish_step(self._send_step(feeds, fetches, train, check_numerics))
 
     def stream(self, batches: Iterable[Feeds], fetches: Fetches | None = None,
@@ -290,9 +262,12 @@ class Cluster:
         if fetches is None:  # a training step's default: the loss
             fetches = [self.plan.loss] if self.plan.loss else []
         wanted: list[list[str]] = [[] for _ in self.names]
-        for name in self._args.fetches(fetches):
+        names = self._args.fetches(fetches)
+        for name in names:
             wanted[self.plan.worker_of(name)].append(name)
-        checked = self._args.feeds(feeds)
+        # a run that does not train computes only what its fetches need (runtime/prune.py)
+        only = [None] * self.plan.parts if train else self._args.needed(names)
+        checked = self._args.feeds(feeds, None if train else names)
         session = tracing.current()  # a traced run: the workers record, the driver times steps
         traced = session.join(self) if session is not None else None
         rows = self._args.rows(checked, self.microbatches)
@@ -302,7 +277,8 @@ class Cluster:
                 "feeds": self._feed_buffers.cut(self.plan, step, i, checked), "fetches": wanted[i],
                 "step": step.number, "train": train, "microbatches": self.microbatches,
                 "check_numerics": check_numerics or self.check_numerics,
-                "schedule": self.schedule, "rows": rows})
+                "schedule": self.schedule, "rows": rows,
+                "only": None if only[i] is None else sorted(only[i])})
         self.step_count += 1
         return step
 
@@ -362,11 +338,7 @@ class Cluster:
             self._tell_all("release" if self.mode == "remote" else "shutdown")
         for client in self.clients:
             client.close()
-        for t in self._threads:
-            t.join(timeout=5.0)
-        for p in self._procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):  # killed next
-                p.wait(timeout=5.0)
+        self._local.join(5.0)  # (those still there are killed next)
         self._reap()
         if self._blas_limited:
             BLAS_LIMIT.release(self.local_workers)
@@ -380,7 +352,7 @@ class Cluster:
         silent = calls.silent if calls is not None else set()
         for i, client in enumerate(self.clients):
             with contextlib.suppress(GraphflowError):  # gone already
-                if not self._ended(i) and i not in silent:
+                if not self._local.ended(i) and i not in silent:
                     sent[i] = client.send(method)
         for i, rid in sent.items():
             with contextlib.suppress(GraphflowError):  # gone or hung: nothing to do for it

@@ -26,6 +26,7 @@ from graphflow.executor import checked_value, missing_feed
 from graphflow.init import block_of
 from graphflow.ir import Node, twin_of, user_source_line
 from graphflow.runtime import pipeline
+from graphflow.runtime.prune import needed_nodes
 
 if TYPE_CHECKING:  # (a worker process starts without the partitioners)
     from graphflow.partitioners.plan import Plan
@@ -43,10 +44,22 @@ class PlanArgs:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.placeholders = {n.name: n for n in plan.graph.placeholders()}
-        # Every worker runs its whole subgraph whatever is fetched, so every placeholder a
-        # worker holds must be fed (a forward-only fetch still needs the labels).
+        # a training step runs every worker's whole subgraph: all it holds must be fed
         self.required = [n for name, n in self.placeholders.items()
                          if any(name in w.graph for w in plan.workers)]
+        self._needed: dict[frozenset[str], list[frozenset[str] | None]] = {}
+
+    def needed(self, fetches: list[str]) -> list[frozenset[str] | None]:
+        """Per worker, the names of the nodes a run that does not train computes for
+        `fetches` (runtime/prune.py), or None where that is its whole subgraph."""
+        key = frozenset(fetches)
+        if key not in self._needed:
+            if len(self._needed) >= 16:  # (a few fetch lists recur, step after step)
+                self._needed.clear()
+            self._needed[key] = [names if len(names) < len(w.graph.nodes) else None
+                                 for names, w in zip(needed_nodes(self.plan, key),
+                                                     self.plan.workers, strict=True)]
+        return self._needed[key]
 
     def fetches(self, fetches: Fetches) -> list[str]:
         """The names of `fetches` (one node or name, or several), each once, in order."""
@@ -62,10 +75,11 @@ class PlanArgs:
                                  f"the plan to fetch{did_you_mean(name, self.plan.placement)}")
         return list(dict.fromkeys(names))
 
-    def feeds(self, feeds: Feeds) -> dict[str, np.ndarray]:
+    def feeds(self, feeds: Feeds, fetches: list[str] | None = None) -> dict[str, np.ndarray]:
         """The feeds by placeholder name, each checked against the whole model's placeholder
         (before the rows are cut: a worker would name the shape of its cut, not the one the
-        caller fed) and cast to its dtype."""
+        caller fed) and cast to its dtype. Every placeholder a worker holds must be fed, or
+        with `fetches` (a run that does not train), those the fetches depend on."""
         if not isinstance(feeds, Mapping):
             raise GraphError(f"Cluster ({user_source_line()}): feeds must be a dict from "
                              f"placeholders or their names to arrays, got {described(feeds)}")
@@ -75,10 +89,20 @@ class PlanArgs:
             if name not in self.placeholders:
                 raise self._not_a_placeholder(name)
             out[name] = checked_value(self.placeholders[name], value)
+        if fetches is None:
+            for node in self.required:
+                if node.name not in out:
+                    raise missing_feed(node, "the plan's workers read it (a training step runs "
+                                             "each one's whole subgraph)")
+            return out
+        needed = self.needed(fetches)
         for node in self.required:
-            if node.name not in out:
-                raise missing_feed(node, "the plan's workers read it (each runs its whole "
-                                         "subgraph, whatever is fetched)")
+            if node.name not in out and any(names is None or node.name in names
+                                            for names in needed):
+                users = [f for f in fetches if any(node.name in names for names in
+                                                   needed_nodes(self.plan, [f]))]
+                raise missing_feed(node, f"{', '.join(map(repr, users))} "
+                                         f"need{'s' * (len(users) == 1)} it")
         return out
 
     def rows(self, feeds: Mapping[str, np.ndarray], microbatches: int) -> int | None:

@@ -23,8 +23,9 @@ import numpy as np
 import zmq
 
 from graphflow.lifetime import exit_with_parent
+from graphflow.optim import make_optimizer
 from graphflow.runtime.mailbox import PeerFailed
-from graphflow.runtime.worker import Worker, make_optimizer, worker_name
+from graphflow.runtime.worker import Worker, worker_name
 
 if TYPE_CHECKING:
     from graphflow.replicas.link import AllReduceLink, PSLink
@@ -228,7 +229,8 @@ class WorkerService:
 
     def step(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str], step: int,
              train: bool = True, check_numerics: bool = False, microbatches: int = 1,
-             schedule: str = "1f1b", rows: int | None = None) -> dict[str, np.ndarray]:
+             schedule: str = "1f1b", rows: int | None = None,
+             only: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         started = clock()
         worker, link = self._loaded(), self.link if train else None
         if self._silent is not None:
@@ -237,7 +239,7 @@ class WorkerService:
             link.before_step(step)
         try:
             out = worker.run_step(feeds, list(fetches), step, train, check_numerics,
-                                  microbatches, schedule, rows)
+                                  microbatches, schedule, rows, only)
         except PeerTimeout as e:  # a peer that sent nothing for `timeout` is dead or hung
             self._silent = f"step {step} waited in vain: {e}"
             raise

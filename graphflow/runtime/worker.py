@@ -11,9 +11,8 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -24,7 +23,6 @@ from graphflow.init import initial_value
 from graphflow.ir import Graph, Node, steps_to_send, users_of
 from graphflow.ops import aligned, packed_gemm, small_gemm
 from graphflow.ops.registry import REGISTRY
-from graphflow.optim import OPTIMIZERS, Optimizer
 from graphflow.runtime import pipeline
 from graphflow.runtime.backlog import Backlog, early_updates, weight_groups
 from graphflow.runtime.gradients import GradientSums, Updater, fused_gradients
@@ -93,8 +91,9 @@ class Worker:
         self.w_updates = early_updates(self.w_groups, self.grads, self.order)
         # the weights of its forward gemms, packed while the worker waits (ops/packed_gemm.py)
         self.packed = packed_gemm.PackedWeights(
-            {name: self.params[name] for name in _forward_weights(self.order)})
+            {name: self.params[name] for name in packed_gemm.forward_weights(self.order)})
         self.mail = Mailbox(worker_name(index), endpoint, timeout)
+        self._prunes: dict[frozenset[str], tuple[dict[str, list[Node]], dict[Node, int]]] = {}
 
     @property
     def trace(self) -> Recorder | None:
@@ -108,9 +107,12 @@ class Worker:
     # -- the step -----------------------------------------------------------------------------
     def run_step(self, feeds: Mapping[str, np.ndarray], fetches: list[str], step: int,
                  train: bool = True, check_numerics: bool = False, microbatches: int = 1,
-                 schedule: str = "1f1b", rows: int | None = None) -> dict[str, np.ndarray]:
+                 schedule: str = "1f1b", rows: int | None = None,
+                 only: Collection[str] | None = None) -> dict[str, np.ndarray]:
         """Run the subgraph once per micro-batch, in the order of the pipeline schedule; with
         `train`, update the parameters from the gradients averaged over the micro-batches.
+        With `only` (a run that does not train: runtime/prune.py), just the nodes so named,
+        a micro-batch after another.
 
         Fetched scalars and gradients are averaged over micro-batches (weighted by their
         rows: `rows` is the whole batch's), other values joined along the batch axis. A failed
@@ -120,17 +122,25 @@ class Worker:
             self.mail.begin(step)
             with packed_gemm.using(self.packed):
                 return self._run_step(feeds, fetches, step, train, check_numerics, microbatches,
-                                      schedule, rows)
+                                      schedule, rows, only)
         except Exception as e:
             self.mail.abort_peers(f"{type(e).__name__}: {e}")  # their waits for us end now
             raise
 
     def _run_step(self, feeds: Mapping[str, np.ndarray], fetches: list[str], step: int,
                   train: bool, check_numerics: bool, microbatches: int,
-                  schedule: str, rows: int | None) -> dict[str, np.ndarray]:
+                  schedule: str, rows: int | None, only: Collection[str] | None
+                  ) -> dict[str, np.ndarray]:
         sizes = pipeline.microbatch_rows(rows, microbatches) if rows else [1] * microbatches
-        if microbatches == 1:
-            tasks: list[tuple[str, int]] = [("FB", 0)]
+        phases, counts = self.phases, self.user_counts
+        if only is not None:
+            if train:
+                raise ValueError(f"{worker_name(self.index)}: a training step runs the whole "
+                                 "subgraph, not only some nodes")
+            phases, counts = self._pruned(only)
+            tasks: list[tuple[str, int]] = [("FB", mb) for mb in range(microbatches)]
+        elif microbatches == 1:
+            tasks = [("FB", 0)]
         else:
             tasks = pipeline.schedule(schedule, self.index, self.stages, microbatches)
         parts = {k: pipeline.split_batch(k, v, microbatches) for k, v in feeds.items()}
@@ -169,11 +179,11 @@ class Worker:
                     if self.mail.arrived(self.b_recvs, tag):
                         break
                     self._weight_group(backlog, group, keep, got, sums, w_tag, check_numerics)
-            run = runs.setdefault(mb, _Run({}, dict(self.user_counts),
+            run = runs.setdefault(mb, _Run({}, dict(counts),
                                            seed_scale=microbatches * sizes[mb] / sum(sizes)))
             if microbatches == 1 and not check_numerics:  # its gradients are final here
                 run.update = self._fused_update(sums, updater, fetches, run.pending_users)
-            self._dataflow(self.phases[phase], run, {k: v[mb] for k, v in parts.items()}, keep,
+            self._dataflow(phases[phase], run, {k: v[mb] for k, v in parts.items()}, keep,
                            tag, check_numerics)
             if phase != "F":  # the micro-batch is complete
                 self._collect(run, keep, got, sums, copy=microbatches > 1)
@@ -202,6 +212,19 @@ class Worker:
         if tr is not None:  # (joining and averaging the micro-batches' results count here)
             tr.add(EXECUTOR, "update", "update", t0, clock(), {"params": len(left)})
         return {name: out[name] for name in fetches}
+
+    def _pruned(self, only: Collection[str]) -> tuple[dict[str, list[Node]], dict[Node, int]]:
+        """The one phase of a run of the nodes named `only`, and each one's users among them
+        (a value is freed once they have run); the last few are kept, a run looks alike."""
+        key = frozenset(only)
+        if key not in self._prunes:
+            nodes = [n for n in self.order if n.name in key]
+            members = set(nodes)
+            counts = {n: sum(u in members for u in self.users[n]) for n in nodes}
+            if len(self._prunes) >= 8:
+                self._prunes.clear()
+            self._prunes[key] = ({"FB": nodes}, counts)
+        return self._prunes[key]
 
     def _weight_group(self, backlog: Backlog, group: int, keep: set[str],
                       got: dict[str, list[np.ndarray]], sums: GradientSums, tag: int,
@@ -369,28 +392,3 @@ class Worker:
 
     def close(self) -> None:
         self.mail.close()
-
-
-def make_optimizer(spec: Mapping[str, Any] | None) -> Optimizer | None:
-    """{"name": "sgd", "lr": 0.1, ...} -> an optimizer (None: no updates)."""
-    if not spec:
-        return None
-    args = dict(spec)
-    name = args.pop("name")
-    if name not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer '{name}'; known: {', '.join(OPTIMIZERS)}")
-    return OPTIMIZERS[name](**args)
-
-
-def _forward_weights(order: list[Node]) -> list[str]:
-    """The float32 parameters that are the w of a forward x @ w long and wide enough for
-    small_gemm's kernel (the backward's matmuls transpose theirs)."""
-    names = []
-    for n in order:
-        if n.op != "matmul" or n.attrs.get("transpose_a") or n.attrs.get("transpose_b"):
-            continue
-        w = n.inputs[1]
-        if w.op == "parameter" and w.dtype == "float32" and len(w.shape) == 2 and \
-                small_gemm.wins(small_gemm.row_limit(), w.shape[1], w.shape[0]):
-            names.append(w.name)
-    return list(dict.fromkeys(names))

@@ -1,0 +1,136 @@
+"""A run that does not train computes only what its fetches depend on (runtime/prune.py): the
+logits of a partitioned model need no labels and run no backward node, on any strategy, in
+threads or processes, pipelined or not, and training steps around such runs are unchanged."""
+
+import numpy as np
+import pytest
+
+import graphflow as gf
+from graphflow.errors import MissingFeedError
+from graphflow.optim import SGD as SGD_RULE
+from graphflow.partitioners import partition
+from graphflow.runtime import Cluster
+from graphflow.runtime.prune import needed_nodes
+from graphflow.trace import read, recording
+from graphflow.trace.chrome import events
+
+SGD = {"name": "sgd", "lr": 0.05}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return gf.models.digits_lc(batch=None)
+
+
+def images(rows, seed=0):
+    return np.random.default_rng(seed).standard_normal((rows, 1, 32, 32)).astype(np.float32)
+
+
+def labels(rows, seed=0):
+    return np.random.default_rng(seed).integers(0, 10, rows).astype(np.int32)
+
+
+@pytest.mark.parametrize("strategy,parts,mode", [
+    ("spatial", 2, "threads"), ("spatial", 3, "processes"), ("layerwise", 2, "threads"),
+    ("mincut", 2, "processes")])
+def test_logits_without_labels_equal_the_single_process_run(model, strategy, parts, mode):
+    plan = partition(model.graph, parts, strategy, loss=model.loss)
+    x = images(6)
+    want = gf.Session(model.graph).run(model.logits, {model.x: x})
+    with Cluster(plan, mode=mode, timeout=60) as cluster:
+        got = cluster.run({"x": x}, model.logits)
+    assert list(got) == [model.logits.name]
+    np.testing.assert_allclose(got[model.logits.name], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_pipelined_plan_runs_the_forward_a_micro_batch_at_a_time(model):
+    plan = partition(model.graph, 2, "layerwise", loss=model.loss)
+    x = images(7)  # micro-batches of 4 and 3 rows
+    want = gf.Session(model.graph).run(model.logits, {model.x: x})
+    with Cluster(plan, timeout=60, microbatches=2, schedule="1f1b") as cluster:
+        got = cluster.run({"x": x}, [model.logits])[model.logits.name]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_forward_fetch_runs_no_backward_node_and_no_loss(model, tmp_path):
+    plan = partition(model.graph, 2, "spatial", loss=model.loss)
+    with Cluster(plan, timeout=60) as cluster, recording(tmp_path / "t.json"):
+        cluster.run({"x": images(4)}, model.logits)
+    kernels = [e.name for e in events(read(tmp_path / "t.json"))
+               if e.thread == "executor" and e.cat in ("kernel", "send")]
+    assert any(k.startswith("lc2/") for k in kernels)  # (the trace did record the forward)
+    assert not [k for k in kernels if "grad/" in k or k.startswith("loss")]
+
+
+def test_training_steps_around_forward_runs_match_a_session():
+    model = gf.models.digits_lc(batch=None)  # (its own: the local trainer adds gradients)
+    plan = partition(model.graph, 2, "spatial", loss=model.loss)
+    local = gf.Trainer(model, SGD_RULE(lr=SGD["lr"]))
+    with Cluster(plan, optimizer=SGD, timeout=60) as cluster:
+        for step in range(3):
+            x, y = images(4, step), labels(4, step)
+            cluster.step({"x": x, "y": y})
+            local.step(x, y)
+            later = images(5, 10 + step)
+            got = cluster.run({"x": later}, model.logits)[model.logits.name]
+            want = local.session.run(model.logits, {model.x: later})
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        trained = plan.assemble(cluster.params())
+    for name, value in trained.items():
+        np.testing.assert_allclose(value, local.session.params[name], rtol=1e-4, atol=1e-6)
+
+
+def test_a_missing_feed_names_the_fetch_that_needs_it(model):
+    plan = partition(model.graph, 2, "layerwise", loss=model.loss)
+    with Cluster(plan, optimizer=SGD, timeout=60) as cluster:
+        with pytest.raises(MissingFeedError, match=r"placeholder 'y' .*is not fed, but 'loss' "
+                                                   r"needs it; expected an int32 array"):
+            cluster.run({"x": images(4)}, [model.logits, model.loss])
+        with pytest.raises(MissingFeedError, match=r"'y' .*a training step runs each one's "
+                                                   r"whole subgraph"):
+            cluster.step({"x": images(4)})
+        assert cluster.step_count == 0  # no worker was asked
+        out = cluster.run({"x": images(4), "y": labels(4)}, [model.logits, model.loss])
+    assert set(out) == {model.logits.name, model.loss.name}
+
+
+def test_needed_nodes_follow_each_recv_to_its_send(model):
+    plan = partition(model.graph, 3, "spatial", loss=model.loss)
+    needed = needed_nodes(plan, [model.logits.name])
+    sends = {n.attrs["key"]: (i, n.name) for i, w in enumerate(plan.workers)
+             for n in w.graph.nodes if n.op == "send"}
+    recvs = [(i, n) for i, w in enumerate(plan.workers) for n in w.graph.nodes
+             if n.op == "recv" and n.name in needed[i]]
+    assert recvs  # the logits cross workers
+    for _, r in recvs:
+        src, name = sends[r.attrs["key"]]
+        assert name in needed[src]
+    # every needed send feeds a needed recv: nothing is sent that no one reads
+    wanted = {r.attrs["key"] for _, r in recvs}
+    for i, w in enumerate(plan.workers):
+        for n in w.graph.nodes:
+            if n.op == "send" and n.name in needed[i]:
+                assert n.attrs["key"] in wanted
+    # the loss's gradient of a parameter needs the labels; the logits do not
+    grad = next(iter(plan.grads.values()))
+    assert not any("y" in names for names in needed)
+    assert any("y" in names for names in needed_nodes(plan, [grad]))
+
+
+@pytest.mark.parametrize("batch,microbatches", [(None, 2), (8, 1)])
+def test_a_partitioned_trainer_predicts_on_its_workers(batch, microbatches):
+    local = gf.Trainer(gf.models.digits_lc(batch=batch), SGD_RULE(lr=0.05))
+    split = gf.train.PartitionedTrainer(gf.models.digits_lc(batch=batch), SGD_RULE(lr=0.05),
+                                        parts=2, strategy="layerwise",
+                                        microbatches=microbatches)
+    try:
+        for step in range(2):
+            x, y = images(8, step), labels(8, step)
+            split.step(x, y)
+            local.step(x, y)
+        assert not hasattr(split, "session")  # (no local copy of the parameters to go stale)
+        x, y = images(13, 7), labels(13, 7)  # chunks of 4: the last of 1 row, padded
+        np.testing.assert_array_equal(split.predict(x, batch_size=4), local.predict(x))
+        assert split.accuracy(x, y) == local.accuracy(x, y)
+    finally:
+        split.close()
