@@ -43,15 +43,16 @@ def located(node: object, message: str) -> str:
     return f"{where()}: {message}" if callable(where) else message
 
 
-def count_of(value: object, what: str, minimum: int = 1) -> int:
-    """`value` if it is an int >= `minimum` (not a bool), else a ValueError naming `what`: an
-    API's counts (steps, parts, micro-batches) checked where they come in.
+def count_of(value: object, what: str, minimum: int = 1, also: str = "") -> int:
+    """`value` if it is an int >= `minimum` (not a bool), else a ValueError naming `what` (and
+    `also`, what else it may be): an API's counts (steps, parts, micro-batches) checked where
+    they come in.
 
         >>> count_of(3, "steps")
         3
     """
     if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
-        raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
+        raise ValueError(f"{what} must be an int >= {minimum}{also}, got {value!r}")
     return int(value)
 
 

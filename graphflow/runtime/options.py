@@ -16,6 +16,7 @@ import numbers
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from graphflow.errors import count_of
 from graphflow.runtime import pipeline
 
 if TYPE_CHECKING:  # (a worker process starts without the partitioners)
@@ -26,12 +27,8 @@ MODES = ("threads", "processes", "remote")
 
 def check_microbatches(value: object, auto: bool = False) -> None:
     """ValueError unless `value` is a whole count >= 1 (or, with `auto`, "auto")."""
-    if auto and value == "auto":
-        return
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1:
-        return
-    also = " or 'auto'" if auto else ""
-    raise ValueError(f"microbatches must be an int >= 1{also}, got {value!r}")
+    if not (auto and value == "auto"):
+        count_of(value, "microbatches", also=" or 'auto'" if auto else "")
 
 
 def check_mode(mode: object, hosts: Sequence[str] | None) -> None:
