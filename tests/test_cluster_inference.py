@@ -134,3 +134,14 @@ def test_a_partitioned_trainer_predicts_on_its_workers(batch, microbatches):
         assert split.accuracy(x, y) == local.accuracy(x, y)
     finally:
         split.close()
+
+
+def test_a_worker_with_no_nodes_needs_no_feed():
+    model = gf.models.digits_lc(batch=None)  # no device scopes: "manual" leaves worker 1 idle
+    plan = partition(model.graph, 2, "manual", loss=model.loss)
+    assert plan.idle_workers() == [1]
+    x = images(3)
+    with Cluster(plan, timeout=60) as cluster:
+        got = cluster.run({"x": x}, model.logits)[model.logits.name]
+    np.testing.assert_allclose(got, gf.Session(model.graph).run(model.logits, {model.x: x}),
+                               rtol=1e-5, atol=1e-5)

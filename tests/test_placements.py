@@ -168,13 +168,32 @@ def test_mincut_seeds_from_graph_partitioners_count(workloads, seed, workload, p
                                                     monkeypatch):
     """networkx's Kernighan-Lin and METIS each give a cut here that no other seed reaches."""
     model, _ = workloads[workload]
-    _, with_it = mincut.place(model.graph, parts, COST)
+    _, with_it = mincut.place(model.graph, parts, COST, eps=0.1)
     monkeypatch.setattr(mincut, seed, lambda *args: None)
-    _, without = mincut.place(model.graph, parts, COST)
+    _, without = mincut.place(model.graph, parts, COST, eps=0.1)
     cut = mincut.cut_bytes(model.graph, with_it, 64)
     assert cut < mincut.cut_bytes(model.graph, without, 64)
     loads = _loads(model.graph, with_it, parts)
     assert max(loads) <= 1.1 * sum(loads) / parts * (1 + 1e-9)
+
+
+def test_mincut_takes_a_looser_balance_only_where_it_is_predicted_faster(workloads):
+    """lc-large on 3 workers: at eps 0.1 the balance ships lc2's weight to two workers a step;
+    a looser one is chosen, predicted at least LOOSER_GAIN faster (160 -> 90 ms here)."""
+    model, _ = workloads["lc-large"]
+
+    def step_s(placement):
+        return COST.predict(model.graph, placement, contention=COST.contention).step_seconds
+
+    _, tight = mincut.place(model.graph, 3, COST, eps=0.1)
+    _, chosen = mincut.place(model.graph, 3, COST)
+    assert chosen != tight and step_s(chosen) < (1 - mincut.LOOSER_GAIN) * step_s(tight)
+    loosest = max(mincut.EPS_CHOICES)
+    loads = _loads(model.graph, chosen, 3)
+    assert max(loads) <= (1 + loosest) * sum(loads) / 3 * (1 + 1e-9)
+    options = {e: mincut.place(model.graph, 3, COST, eps=e)[1] for e in mincut.EPS_CHOICES}
+    assert chosen in options.values()
+    assert step_s(chosen) <= min(step_s(p) for p in options.values()) / (1 - mincut.LOOSER_GAIN)
 
 
 def test_mincut_cut_is_no_worse_than_layerwise_somewhere(workloads):

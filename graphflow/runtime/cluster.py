@@ -56,6 +56,13 @@ def _reap(procs: list[subprocess.Popen[bytes]], tmp: str | None, feeds: FeedBuff
     reap(procs, tmp)
 
 
+def _only(needed: list[frozenset[str]] | None, i: int, plan: Plan) -> list[str] | None:
+    """What worker i is told to run of its subgraph: None for the whole of it."""
+    if needed is None or len(needed[i]) == len(plan.workers[i].graph.nodes):
+        return None
+    return sorted(needed[i])
+
+
 class Cluster:
     """Runs `plan` on its workers. `optimizer` ({"name": "sgd", "lr": 0.1}) updates each
     worker's parameters in place after every `step`; `timeout` bounds every wait. With
@@ -266,7 +273,7 @@ class Cluster:
         for name in names:
             wanted[self.plan.worker_of(name)].append(name)
         # a run that does not train computes only what its fetches need (runtime/prune.py)
-        only = [None] * self.plan.parts if train else self._args.needed(names)
+        only = None if train else self._args.needed(names)
         checked = self._args.feeds(feeds, None if train else names)
         session = tracing.current()  # a traced run: the workers record, the driver times steps
         traced = session.join(self) if session is not None else None
@@ -278,7 +285,7 @@ class Cluster:
                 "step": step.number, "train": train, "microbatches": self.microbatches,
                 "check_numerics": check_numerics or self.check_numerics,
                 "schedule": self.schedule, "rows": rows,
-                "only": None if only[i] is None else sorted(only[i])})
+                "only": _only(only, i, self.plan)})
         self.step_count += 1
         return step
 

@@ -47,18 +47,16 @@ class PlanArgs:
         # a training step runs every worker's whole subgraph: all it holds must be fed
         self.required = [n for name, n in self.placeholders.items()
                          if any(name in w.graph for w in plan.workers)]
-        self._needed: dict[frozenset[str], list[frozenset[str] | None]] = {}
+        self._needed: dict[frozenset[str], list[frozenset[str]]] = {}
 
-    def needed(self, fetches: list[str]) -> list[frozenset[str] | None]:
+    def needed(self, fetches: list[str]) -> list[frozenset[str]]:
         """Per worker, the names of the nodes a run that does not train computes for
-        `fetches` (runtime/prune.py), or None where that is its whole subgraph."""
+        `fetches` (runtime/prune.py)."""
         key = frozenset(fetches)
         if key not in self._needed:
             if len(self._needed) >= 16:  # (a few fetch lists recur, step after step)
                 self._needed.clear()
-            self._needed[key] = [names if len(names) < len(w.graph.nodes) else None
-                                 for names, w in zip(needed_nodes(self.plan, key),
-                                                     self.plan.workers, strict=True)]
+            self._needed[key] = needed_nodes(self.plan, key)
         return self._needed[key]
 
     def fetches(self, fetches: Fetches) -> list[str]:
@@ -97,8 +95,7 @@ class PlanArgs:
             return out
         needed = self.needed(fetches)
         for node in self.required:
-            if node.name not in out and any(names is None or node.name in names
-                                            for names in needed):
+            if node.name not in out and any(node.name in names for names in needed):
                 users = [f for f in fetches if any(node.name in names for names in
                                                    needed_nodes(self.plan, [f]))]
                 raise missing_feed(node, f"{', '.join(map(repr, users))} "
