@@ -15,6 +15,7 @@ from graphflow.errors import GraphError
 from graphflow.ir import Graph, Node, twin_of
 from graphflow.models import Model
 from graphflow.partitioners import layerwise, manual, mincut, spatial
+from graphflow.partitioners.blocks import Join
 from graphflow.partitioners.plan import Plan, Transfer, WorkerPlan
 from graphflow.partitioners.planfile import PlanError
 from graphflow.partitioners.recompute import recompute_relays
@@ -22,9 +23,11 @@ from graphflow.partitioners.split import split
 from graphflow.serialize import graph_from_dict, graph_to_dict
 
 Strategy = Callable[[Graph, int, object], tuple[Graph, dict[str, int]]]
+# ... and how to join the original nodes a rewrite holds only in pieces (blocks.Join)
+Rewriting = Callable[[Graph, int, object], tuple[Graph, dict[str, int], dict[str, Join]]]
 
 # Strategies that rewrite the forward graph (their gradients are derived after the rewrite).
-REWRITING: dict[str, Strategy] = {"spatial": spatial.place}
+REWRITING: dict[str, Rewriting] = {"spatial": spatial.rewrite}
 # Strategies that place the nodes of a graph that already holds its backward pass.
 PLACING: dict[str, Strategy] = {"manual": manual.place, "layerwise": layerwise.place,
                                 "mincut": mincut.place}
@@ -52,8 +55,9 @@ def partition(graph: Graph | Model, parts: int, strategy: str = "spatial",
     g = graph_from_dict(graph_to_dict(graph))  # partitioning never changes the user's graph
     if loss is not None:  # its gradients are derived from the partitioned forward graph
         drop_gradients(g, g[loss.name])
+    joins: dict[str, Join] = {}
     if strategy in REWRITING:
-        g, placement = REWRITING[strategy](g, parts, cost)
+        g, placement, joins = REWRITING[strategy](g, parts, cost)
         grads = _add_gradients(g, loss)
         placement = {n.name: spatial.worker_index(n.device) for n in g.nodes}
     else:
@@ -66,6 +70,7 @@ def partition(graph: Graph | Model, parts: int, strategy: str = "spatial",
     plan = split(g, placement, parts, strategy)
     plan.loss = loss.name if loss is not None else None
     plan.grads = grads
+    plan.joins = joins
     return plan
 
 

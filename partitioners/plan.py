@@ -18,6 +18,7 @@ from graphflow.errors import count_of
 from graphflow.init import assemble_blocks
 from graphflow.ir import Graph, Shape
 from graphflow.ops.registry import concrete, node_cost
+from graphflow.partitioners.blocks import Join
 from graphflow.partitioners.planfile import (
     FORMAT,
     PlanError,
@@ -84,6 +85,8 @@ class Plan:
     grads: dict[str, str] = field(default_factory=dict)  # parameter -> its gradient node
     # worker -> placeholder -> (axis, lo, hi): the part of the input that worker is fed
     feeds: dict[int, dict[str, tuple[int, int, int]]] = field(default_factory=dict)
+    # an original node the strategy holds only in pieces -> how a fetch of it joins them
+    joins: dict[str, Join] = field(default_factory=dict)
 
     @property
     def parts(self) -> int:
@@ -201,7 +204,8 @@ class Plan:
                               for t in self.transfers],
                 "loss": self.loss, "grads": self.grads,
                 "feeds": {str(i): {k: list(c) for k, c in cuts.items()}
-                          for i, cuts in self.feeds.items()}}
+                          for i, cuts in self.feeds.items()},
+                "joins": {name: j.to_dict() for name, j in self.joins.items()}}
 
     @classmethod
     def from_dict(cls, data: Any) -> Plan:
@@ -224,8 +228,11 @@ class Plan:
         with reading("feeds"):
             feeds = {int(i): {k: (int(c[0]), int(c[1]), int(c[2])) for k, c in cuts.items()}
                      for i, cuts in data.get("feeds", {}).items()}
+        with reading("joins"):
+            joins = {str(k): Join(str(j["how"]), tuple(map(str, j["blocks"])), int(j["axis"]))
+                     for k, j in data.get("joins", {}).items()}
         plan = cls(data["strategy"], graph, placement, workers, transfers, data.get("loss"),
-                   dict(data.get("grads", {})), feeds)
+                   dict(data.get("grads", {})), feeds, joins)
         check_consistent(plan)
         return plan
 

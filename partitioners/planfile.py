@@ -115,6 +115,11 @@ def check_consistent(plan: Plan) -> None:
     for param, grad in plan.grads.items():
         if param not in graph or grad not in graph:
             raise refuse(f"grads: '{param}' -> '{grad}' names a node not in the graph")
+    for name, join in plan.joins.items():
+        if join.how not in ("concat", "flatten", "sum", "same") or not join.blocks or any(
+                b not in graph for b in join.blocks):
+            raise refuse(f"joins: '{name}' is joined {join.how!r} from "
+                         f"{', '.join(join.blocks) or 'nothing'}, not nodes of the graph")
     for w, cuts in plan.feeds.items():
         if not 0 <= w < parts:
             raise refuse(f"feeds for worker {w}; {workers}")

@@ -27,7 +27,7 @@ from graphflow.costmodel import CostModel
 from graphflow.dsl import device
 from graphflow.ir import Graph, Node
 from graphflow.ops.registry import apply
-from graphflow.partitioners.blocks import FlatSplit, Partial, Split
+from graphflow.partitioners.blocks import FlatSplit, Join, Partial, Split, joins
 from graphflow.partitioners.collectives import all_gather, gathers
 from graphflow.partitioners.rows import (
     BINARY,
@@ -41,15 +41,15 @@ from graphflow.partitioners.rows import (
     window,
 )
 
-__all__ = ["balanced_rows", "halo_first", "place", "worker_index"]
+__all__ = ["balanced_rows", "halo_first", "rewrite", "worker_index"]
 
 
-def place(graph: Graph, parts: int,
-          cost: CostModel | None = None) -> tuple[Graph, dict[str, int]]:
-    """Rewrite a forward graph for `parts` workers; returns the new graph and its placement.
-
-    Gradients must not have been added yet: the caller derives them from the rewritten graph.
-    """
+def rewrite(graph: Graph, parts: int, cost: CostModel | None = None
+            ) -> tuple[Graph, dict[str, int], dict[str, Join]]:
+    """Rewrite a forward graph for `parts` workers: the new graph, its placement, and how to
+    join each original node it holds only in pieces (the logits of a dense layer split by
+    units), for a fetch. Gradients must not have been added yet: the caller derives them from
+    the rewritten graph."""
     if any(n.name.startswith("grad/") for n in graph.nodes):
         raise ValueError("spatial partitioning rewrites the forward graph: partition it before "
                          "adding gradients (gf.partition(graph, loss=...) does both)")
@@ -59,7 +59,7 @@ def place(graph: Graph, parts: int,
         for n in graph.toposort():
             rw.visit(n)
     rw.drop_unread()
-    return out, {n.name: worker_index(n.device) for n in out.nodes}
+    return out, {n.name: worker_index(n.device) for n in out.nodes}, joins(rw.val, out)
 
 
 def worker_index(dev: str | None) -> int:

@@ -2,6 +2,8 @@
 logits of a partitioned model need no labels and run no backward node, on any strategy, in
 threads or processes, pipelined or not, and training steps around such runs are unchanged."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -145,3 +147,36 @@ def test_a_worker_with_no_nodes_needs_no_feed():
         got = cluster.run({"x": x}, model.logits)[model.logits.name]
     np.testing.assert_allclose(got, gf.Session(model.graph).run(model.logits, {model.x: x}),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("workload,parts,shape", [("digits-lc", 3, (1, 32, 32)),
+                                                  ("speech-mlp", 2, (440,))])
+def test_every_forward_node_of_a_spatial_plan_is_fetched_whole(workload, parts, shape):
+    """Nodes the strategy holds in pieces (speech-mlp's logits, split by units; the loss,
+    combined from per-block statistics) are joined at the driver (`Plan.joins`)."""
+    model = gf.models.WORKLOADS[workload](batch=None)
+    plan = partition(model.graph, parts, "spatial", loss=model.loss)
+    nodes = [n for n in model.graph.nodes if n.op not in ("placeholder", "parameter", "constant")]
+    assert any(n.name in plan.joins for n in nodes)
+    x = np.random.default_rng(0).standard_normal((4, *shape)).astype(np.float32)
+    feeds = {"x": x, "y": labels(4)}
+    want = gf.Session(model.graph).run(nodes, {model.x: x, model.y: feeds["y"]})
+    with Cluster(plan, timeout=60) as cluster:
+        got = cluster.run(feeds, nodes)
+        assert list(got) == [n.name for n in nodes]
+        for n, value in zip(nodes, want, strict=True):
+            np.testing.assert_allclose(got[n.name], value, rtol=1e-4, atol=1e-5, err_msg=n.name)
+
+
+def test_a_plan_keeps_its_joins_and_refuses_a_join_of_nothing(tmp_path):
+    model = gf.models.speech_mlp(batch=None)
+    plan = partition(model.graph, 2, "spatial", loss=model.loss)
+    plan.save(tmp_path / "plan.json")
+    assert gf.Plan.load(tmp_path / "plan.json").joins == plan.joins
+    data = plan.to_dict()
+    data["joins"][model.logits.name]["blocks"] = ["out/add/part7"]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(gf.partitioners.PlanError,
+                       match=r"joins: 'out/add' is joined 'concat' from out/add/part7, not "
+                             r"nodes of the graph"):
+        gf.Plan.load(tmp_path / "bad.json")

@@ -269,7 +269,8 @@ class Cluster:
         if fetches is None:  # a training step's default: the loss
             fetches = [self.plan.loss] if self.plan.loss else []
         wanted: list[list[str]] = [[] for _ in self.names]
-        names = self._args.fetches(fetches)
+        asked = self._args.fetches(fetches)
+        names = self._args.pieces(asked)
         for name in names:
             wanted[self.plan.worker_of(name)].append(name)
         # a run that does not train computes only what its fetches need (runtime/prune.py)
@@ -278,7 +279,7 @@ class Cluster:
         session = tracing.current()  # a traced run: the workers record, the driver times steps
         traced = session.join(self) if session is not None else None
         rows = self._args.rows(checked, self.microbatches)
-        step = SentStep(self.step_count, {}, traced, clock())
+        step = SentStep(self.step_count, {}, traced, clock(), fetches=asked)
         for i in range(self.plan.parts):
             step.requests[i] = calls.send(i, "step", {
                 "feeds": self._feed_buffers.cut(self.plan, step, i, checked), "fetches": wanted[i],
@@ -296,7 +297,7 @@ class Cluster:
         self._finished = clock()
         if (session := tracing.current()) is not None:
             session.step(self, step.traced, step.number, t0)
-        return {k: v for r in results.values() for k, v in r.items()}
+        return step.results(self.plan, {k: v for r in results.values() for k, v in r.items()})
 
     def step(self, feeds: Feeds, fetches: Fetches | None = None) -> dict[str, np.ndarray]:
         """A training step: forward, backward and each worker's parameter update; fetches

@@ -22,14 +22,22 @@ Key = tuple[int, tuple[int, ...], str]  # (worker, shape, dtype)
 
 @dataclass
 class SentStep:
-    """A step whose requests went out: its number, each worker's request id, its trace, and
-    the arrays its feeds were cut into (`FeedBuffers`), with the worker each went to."""
+    """A step whose requests went out: its number, each worker's request id, its trace, the
+    arrays its feeds were cut into (`FeedBuffers`), with the worker each went to, and the
+    fetches the caller named, joined from the plan's pieces where `Plan.joins` says how."""
 
     number: int
     requests: dict[int, int]
     traced: int | None
     sent: float
     buffers: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    fetches: list[str] = field(default_factory=list)
+
+    def results(self, plan: Plan, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The fetches' values, from the workers' `values` of the plan's nodes."""
+        return {name: values[name] if name in plan.placement else
+                plan.joins[name].apply([values[b] for b in plan.joins[name].blocks])
+                for name in self.fetches}
 
 
 class FeedBuffers:

@@ -60,7 +60,8 @@ class PlanArgs:
         return self._needed[key]
 
     def fetches(self, fetches: Fetches) -> list[str]:
-        """The names of `fetches` (one node or name, or several), each once, in order."""
+        """The names of `fetches` (one node or name, or several), each once, in order: nodes
+        of the plan, or original nodes it holds in pieces (`Plan.joins`, see `pieces`)."""
         if isinstance(fetches, Node | str):
             fetches = [fetches]
         elif not isinstance(fetches, Iterable):
@@ -68,10 +69,16 @@ class PlanArgs:
                              f"names, got {described(fetches)}")
         names = [self._name(f, "fetch") for f in fetches]
         for name in names:
-            if name not in self.plan.placement:
+            if name not in self.plan.placement and name not in self.plan.joins:
                 raise GraphError(f"Cluster ({user_source_line()}): no node named '{name}' in "
                                  f"the plan to fetch{did_you_mean(name, self.plan.placement)}")
         return list(dict.fromkeys(names))
+
+    def pieces(self, names: list[str]) -> list[str]:
+        """The plan's nodes that `names` (of `fetches`) are, or are joined from."""
+        joins = self.plan.joins
+        return list(dict.fromkeys(b for name in names for b in (
+            joins[name].blocks if name not in self.plan.placement else (name,))))
 
     def feeds(self, feeds: Feeds, fetches: list[str] | None = None) -> dict[str, np.ndarray]:
         """The feeds by placeholder name, each checked against the whole model's placeholder
@@ -147,8 +154,9 @@ class PlanArgs:
             expected = ("fetches must be nodes or node names" if role == "fetch" else
                         "feeds must be keyed by placeholders or their names")
             raise GraphError(f"Cluster ({user_source_line()}): {expected}, got {described(key)}")
-        # The plan holds a copy of the model's graph: its node of the same name stands for it.
-        if twin_of(self.plan.graph, key) is None:
+        # The plan holds a copy of the model's graph: its node of the same name stands for it
+        # (or, where the strategy holds it in pieces, their join).
+        if twin_of(self.plan.graph, key) is None and key.name not in self.plan.joins:
             namesake = self.plan.graph[key.name] if key.name in self.plan.graph else None
             has = (f"no node '{key.name}': the node is of another graph (or the plan's "
                    f"'{self.plan.strategy}' strategy rewrote it)" if namesake is None else
