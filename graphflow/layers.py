@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from graphflow.dsl import name_scope, parameter
 from graphflow.errors import ShapeError
-from graphflow.ir import Node, current_graph, user_source_line
+from graphflow.ir import Node, current_graph, format_tuple, user_source_line
 from graphflow.ops.conv import conv2d as conv2d_op
 from graphflow.ops.elementwise import add
 from graphflow.ops.local import local2d as local2d_op
@@ -72,6 +72,10 @@ def _expect_image(x: Node, kind: str, name: str, layout: str = "NCHW") -> int:
     if len(x.shape) != 4:
         raise ShapeError(f"{_where(kind, name)}: input has {len(x.shape)} dims, expected 4 "
                          f"({', '.join(layout)})")
+    unknown = [d for d, size in zip(layout, x.shape, strict=True) if d != "N" and size is None]
+    if unknown:  # (an NCHW batch given as HWCN: its H would be the batch's size)
+        raise ShapeError(f"{_where(kind, name)}: input of shape {format_tuple(x.shape)} has "
+                         f"no size for {unknown[0]} in layout {layout}; only N may be None")
     return int(x.shape[layout.index("C")])
 
 

@@ -44,5 +44,5 @@ class Link:
 
     @classmethod
     def builtin(cls) -> Link:
-        """The conservative local default: 1.2 GB/s, 300 us (loopback ZeroMQ, design.md)."""
+        """The conservative local default: 1.2 GB/s, 300 us (loopback ZeroMQ)."""
         return cls(1.2e9, 300e-6)

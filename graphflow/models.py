@@ -1,4 +1,4 @@
-"""The reference workloads of design.md, written in the DSL.
+"""The reference workloads (DistBelief's models scaled to one machine), written in the DSL.
 
 Each builder returns a Model: the graph, its input and label placeholders, logits and loss.
 Examples, benchmarks and the CLI all build models from here.

@@ -182,9 +182,11 @@ class PartitionedTrainer(Trainer):
 class DataParallelTrainer(Trainer):
     """Trains `replicas` copies of a Model (each split over `parts` workers by `strategy`)
     that share parameters through `shards` parameter-server shards; `options` set the mode
-    (downpour, bsp, ssp), intervals, placement, checkpoints. See graphflow/replicas."""
+    (async Downpour, bsp, ssp, allreduce, Sandblaster L-BFGS), intervals, placement,
+    checkpoints. See graphflow/replicas. Its replicas take batches on their own: train with
+    `fit`, not `step`."""
 
-    def __init__(self, model: Model, optimizer: Optimizer, replicas: int = 2, shards: int = 1,
+    def __init__(self, model: Model, optimizer: Optimizer, replicas: int = 2, shards: int = 2,
                  parts: int = 1, strategy: str = "spatial",
                  options: ReplicaOptions | None = None) -> None:
         from graphflow.replicas.manager import ReplicaManager
@@ -196,6 +198,7 @@ class DataParallelTrainer(Trainer):
         self.step_count = 0
 
     def step(self, x: np.ndarray, y: np.ndarray) -> float:
+        """Not here: TypeError (the replicas take batches on their own; call `fit`)."""
         raise TypeError("a DataParallelTrainer has no single step: its replicas take batches "
                         "on their own; call fit()")
 

@@ -48,6 +48,13 @@ def test_quick_run_writes_points_json_and_png(tmp_path, capsys):
             # the share of the machine's ceiling (two independent 1-worker clusters) it reaches
             assert p["of_ceiling"] == pytest.approx(p["speedup"] / wl["ceiling"]["ratio"]), key
     assert wl["ceiling"]["ratio"] > 0
+    # the predicted curve is printed too, a row a strategy, as the JSON has it
+    printed = capsys.readouterr().out
+    _, curves = printed.split("predicted speedup on N machines (10 Gbit/s):\n")
+    for label, curve in wl["predicted"].items():
+        row = next(line for line in curves.splitlines()
+                   if line.split()[:2] == ["digits-lc", label])
+        assert row.split()[2:] == [f"{p['speedup']:.2f}x" for p in curve], label
     # the contention `graphflow show` predicts local plans by comes from full runs of worker
     # processes only: not kept from this one
     assert wl["ceiling"]["contention"] >= 1.0
@@ -71,7 +78,6 @@ def test_quick_run_writes_points_json_and_png(tmp_path, capsys):
         assert curve[0]["speedup"] == pytest.approx(1.0)
     assert doc["machine"]["cpu_count"] >= 1
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    printed = capsys.readouterr().out
     assert "machine ceiling (digits-lc)" in printed and "spatial" in printed
     assert "of ceiling" in printed
 

@@ -124,3 +124,12 @@ def test_a_shape_of_numpy_ints_is_fine():
         w = gf.parameter("w", (np.int64(3), np.int32(4)))
     assert x.shape == (2, 3) and w.shape == (3, 4) and type(w.shape[0]) is int
     assert re.fullmatch(r"<w: parameter float32\[3, 4\]>", repr(w))
+
+
+def test_an_nchw_batch_given_as_hwcn_is_named():
+    with gf.Graph():
+        x = gf.placeholder("x", (None, 3, 8, 8))
+        with pytest.raises(gf.ShapeError, match=r"local2d 'hw' \(test_dsl_errors.py:\d+\): "
+                                                r"input of shape \(N, 3, 8, 8\) has no size "
+                                                r"for H in layout HWCN; only N may be None"):
+            gf.layers.local2d(x, 4, 3, name="hw", layout="HWCN")

@@ -160,6 +160,19 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, st
     return "\n".join(lines)
 
 
+def format_curves(workloads: dict[str, Any]) -> str:
+    """`bench speedup`'s predicted speedups on 1-64 machines (each workload's "predicted":
+    strategy -> [{"workers": n, "speedup": x}, ...]) as a table: one row a strategy."""
+    rows, sizes = [], sorted({p["workers"] for wl in workloads.values()
+                              for curve in wl["predicted"].values() for p in curve})
+    for name, wl in workloads.items():
+        for label, curve in wl["predicted"].items():
+            rows.append({"workload": name, "strategy": label,
+                         **{str(p["workers"]): f"{p['speedup']:.2f}x" for p in curve}})
+    return format_table(rows, [("workload", "workload"), ("strategy", "strategy"),
+                               *[(str(n), str(n)) for n in sizes]], left=("strategy",))
+
+
 def _cell(v: Any) -> str:
     if v is None:
         return "-"

@@ -45,6 +45,7 @@ from graphflow.bench import (
     add_trace_option,
     csv_choices,
     csv_names,
+    format_curves,
     format_table,
     machine_info,
     machine_notes,
@@ -194,10 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         doc = run(args)
     rows = [_table_row(w, pt) for w, wl in doc["workloads"].items() for pt in wl["points"]]
     print(format_table(rows, COLUMNS, left=("strategy", "note")))
-    for name, wl in doc["workloads"].items():
-        print(_ceiling_line(name, wl["ceiling"], args.mode, args.quick))
-    for note in doc["notes"]:
-        print(f"note: {note}")
+    print(f"\npredicted speedup on N machines (10 Gbit/s):\n{format_curves(doc['workloads'])}")
+    print(*[_ceiling_line(name, wl["ceiling"], args.mode, args.quick)
+            for name, wl in doc["workloads"].items()], *[f"note: {n}" for n in doc["notes"]],
+          sep="\n")
     write_outputs(doc, args.json, args.png, plot)
     return 1 if any("error" in pt for wl in doc["workloads"].values() for pt in wl["points"]) \
         else 0
