@@ -50,6 +50,7 @@ from graphflow.transport.rpc import RpcClient
 if TYPE_CHECKING:  # (a worker process starts without the partitioners)
     from graphflow.partitioners.plan import Plan
 
+
 def _reap(procs: list[subprocess.Popen[bytes]], tmp: str | None, feeds: FeedBuffers) -> None:
     """End what a cluster dropped without close still holds: processes, folders, feed files."""
     feeds.close()
