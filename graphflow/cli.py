@@ -23,12 +23,16 @@ import os
 import sys
 from collections.abc import Sequence
 from math import prod
+from typing import TYPE_CHECKING
 
 from graphflow import train_command
 from graphflow.argtypes import count, listen_address, non_negative
 from graphflow.errors import GraphflowError
 from graphflow.runtime.heap import keep_freed_memory
 from graphflow.train_command import MODEL_HELP
+
+if TYPE_CHECKING:
+    from graphflow.ir import Graph, Node
 
 
 def _version() -> str:
@@ -76,11 +80,14 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="print a model's graph, or its partition plan",
                        epilog="example: graphflow show lc-large --parts 2 --strategy spatial")
     s.add_argument("workload", metavar="MODEL", help=MODEL_HELP)
-    s.add_argument("--backward", action="store_true", help="include the gradient nodes")
-    s.add_argument("--parts", type=count, default=1,
-                   help="partition it for this many workers and print the plan's report")
-    s.add_argument("--strategy", default="spatial", choices=[*STRATEGIES, "all"],
-                   help="placement strategy; `all` compares their cuts and predicted steps")
+    s.add_argument("--backward", action="store_true",
+                   help="include the gradient nodes in the graph printed")
+    s.add_argument("--parts", type=count, default=None,
+                   help="partition it for this many workers (1 too) and print the plan's "
+                        "report instead of the graph")
+    s.add_argument("--strategy", default=None, choices=[*STRATEGIES, "all"],
+                   help="placement strategy with --parts (spatial); `all` compares their cuts "
+                        "and predicted steps")
     s.add_argument("--batch", type=count, default=None,
                    help="batch size for the plan's figures (default: the model's own, else 64)")
     add_estimate_option(s)
@@ -113,35 +120,36 @@ def _parser() -> argparse.ArgumentParser:
 
 
 
+def show_conflict(args: argparse.Namespace) -> str | None:
+    """`show` options that would be ignored together: an error, not a silent no-op."""
+    if args.parts is None:  # the graph, printed with its batch symbolic
+        for option, what in (("--strategy", "places the plan's nodes"),
+                             ("--batch", "sets the plan's figures"),
+                             ("--estimate", "prices the plan")):
+            if getattr(args, option[2:]) not in (None, False):
+                return (f"{option} {what}: it needs --parts N (without it, show prints the "
+                        f"graph)")
+    elif args.backward:
+        return ("--backward adds the gradient nodes to the graph printed, and --parts prints "
+                "the plan's report instead (the plan of a model with a loss has them)")
+    return None
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from graphflow.autodiff import gradients
     from graphflow.modelspec import figure_batch, load_model
 
+    if conflict := show_conflict(args):
+        print(f"graphflow show: error: {conflict}", file=sys.stderr)
+        return 2
     name, graph, loss = load_model(args.workload)  # symbolic batch: the figures are at --batch
-    args.batch = figure_batch(graph, args.batch)
-    if args.parts > 1:
-        from graphflow.partitioners import STRATEGIES, partition
-        from graphflow.prediction import command_cost
-
-        strategies = STRATEGIES if args.strategy == "all" else [args.strategy]
-        plans = [partition(graph, args.parts, s, loss=loss) for s in strategies]
-        cost = command_cost(plans, args.batch, args.estimate)
-        if args.strategy != "all":
-            print(plans[0].report(args.batch, cost))
-            return 0
-        from graphflow.partitioners.plan import contention_note
-
-        print(f"{name} on {args.parts} workers, batch {args.batch}"
-              f"{contention_note(cost.contention, args.parts)}:")
-        for strategy, plan in zip(strategies, plans, strict=True):
-            cut = sum(t.nbytes(args.batch) for t in plan.transfers)
-            prediction = plan.predict(args.batch, cost)
-            used = sum(b > 0 for b in prediction.busy)
-            spread = max(prediction.busy) * used / sum(prediction.busy)
-            print(f"  {strategy:<10} cut {cut / 1e6:8.2f} MB/step in {len(plan.transfers):3d} "
-                  f"transfers, predicted step {1e3 * prediction.step_seconds:7.1f} ms, "
-                  f"{used} worker(s) busy, the busiest {spread:.2f}x their mean")
-        return 0
+    if args.parts is not None:
+        try:
+            args.batch = figure_batch(graph, args.batch)
+        except GraphflowError as e:  # the model's own batch, not another: the option's fault
+            print(f"graphflow show: error: {e}", file=sys.stderr)
+            return 2
+        return _show_plans(args, name, graph, loss)
     if args.backward:
         if loss is None:
             raise GraphflowError(f"--backward: MODEL '{args.workload}' has no loss to "
@@ -150,6 +158,33 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(graph)
     n = sum(prod(p.shape) for p in graph.parameters())
     print(f"# {len(graph)} nodes, {n:,} parameters")
+    return 0
+
+
+def _show_plans(args: argparse.Namespace, name: str, graph: Graph, loss: Node | None) -> int:
+    """The plan's report, or with --strategy all a line per strategy."""
+    from graphflow.partitioners import STRATEGIES, partition
+    from graphflow.partitioners.plan import contention_note
+    from graphflow.prediction import command_cost
+    from graphflow.viz.scene import fmt_bytes
+
+    strategy = args.strategy or "spatial"
+    strategies = STRATEGIES if strategy == "all" else [strategy]
+    plans = [partition(graph, args.parts, s, loss=loss) for s in strategies]
+    cost = command_cost(plans, args.batch, args.estimate)
+    if strategy != "all":
+        print(plans[0].report(args.batch, cost))
+        return 0
+    print(f"{name} on {args.parts} workers, batch {args.batch}"
+          f"{contention_note(cost.contention, args.parts)}:")
+    for s, plan in zip(strategies, plans, strict=True):
+        cut = sum(t.nbytes(args.batch) for t in plan.transfers)
+        prediction = plan.predict(args.batch, cost)
+        used = sum(b > 0 for b in prediction.busy)
+        spread = max(prediction.busy) * used / sum(prediction.busy)
+        print(f"  {s:<10} cut {fmt_bytes(cut):>8}/step in {len(plan.transfers):3d} "
+              f"transfers, predicted step {1e3 * prediction.step_seconds:7.1f} ms, "
+              f"{used} worker(s) busy, the busiest {spread:.2f}x their mean")
     return 0
 
 

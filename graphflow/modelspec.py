@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from graphflow.errors import GraphflowError
-from graphflow.ir import Graph, Node
+from graphflow.ir import SOURCE_OPS, Graph, Node
 from graphflow.models import WORKLOADS, Model
 
 CONVENTION = "build_model"  # the function a MODEL without `:function` names
@@ -63,6 +63,7 @@ def load_model(spec: str) -> tuple[str, Graph, Node | None]:
     with _user_code(spec, f"{name}()"):
         result = build()
     graph, loss = _unpack(result, spec)
+    _check_computes(graph, spec)
     short = Path(target).stem if target.endswith(".py") else target
     return short if name == CONVENTION else f"{short}:{name}", graph, loss
 
@@ -183,6 +184,17 @@ def _user_line(e: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(e.__traceback__)
               if not f.filename.startswith(("<frozen", ours))]
     return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+
+
+def _check_computes(graph: Graph, spec: str) -> None:
+    """A graph with nothing to compute is the user's mistake (a builder that returned before
+    adding its layers), not a plan of idle workers or an error from deep inside a command."""
+    if not graph.nodes:
+        raise GraphflowError(f"MODEL '{spec}': the graph has no nodes")
+    if all(n.op in SOURCE_OPS for n in graph.nodes):
+        names = ", ".join(n.name for n in graph.nodes[:4]) + (", ..." if len(graph) > 4 else "")
+        raise GraphflowError(f"MODEL '{spec}': the graph computes nothing: it has only "
+                             f"placeholders, parameters and constants ({names})")
 
 
 def _unpack(result: object, spec: str) -> tuple[Graph, Node | None]:

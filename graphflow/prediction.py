@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Any
 
-from graphflow.costmodel import CostModel, Link
+from graphflow.costmodel import CostModel, Link, kernels
 from graphflow.ir import SOURCE_OPS, users_of
 from graphflow.models import Model
 from graphflow.partitioners import Plan, partition
@@ -36,10 +36,20 @@ def add_estimate_option(p: argparse.ArgumentParser) -> None:
 
 def command_cost(plans: list[Plan], batch: int, estimate: bool) -> CostModel:
     """The cost model a command predicts `plans` by (CostModel.timed_for; `--estimate`
-    times nothing); says on stderr when it times kernels."""
-    return CostModel.timed_for([p.graph for p in plans], batch, plans[0].parts,
-                               measure=not estimate,
-                               say=lambda text: print(text, file=sys.stderr))
+    times nothing); says on stderr when it times kernels, and with `estimate` how many it
+    prices by the fitted FLOP and byte rates instead: a step of those can come out far above
+    a timed one (lc-large on 2 workers: 113 ms against 64), as the cache's memory rate, a
+    median over small kernels, prices copies and elementwise kernels at 3-10x their time."""
+    def say(text: str) -> None:
+        print(text, file=sys.stderr)
+
+    cost = CostModel.timed_for([p.graph for p in plans], batch, plans[0].parts,
+                               measure=not estimate, say=say)
+    wanted = {sig for p in plans for sig in kernels(p.graph, batch)}
+    if estimate and (missing := len(wanted - set(cost.measured))):
+        say(f"{missing} of {len(wanted)} kernels not timed: estimated from FLOPs and bytes "
+            f"(run without --estimate to time them)")
+    return cost
 
 
 def workers_used(plan: Plan) -> int:

@@ -143,4 +143,4 @@ def test_a_window_with_nothing_to_draw_is_refused(cli_here, tmp_path):
     trace = tmp_path / "t.json"
     trace.write_text("{}")
     code, _, err = cli_here("timeline", trace, "--no-png", "--window", "100:200")
-    assert code == 1 and "--window picks what to draw" in err and "--last-steps" in err, err
+    assert code == 2 and "--window picks what to draw" in err and "--last-steps" in err, err

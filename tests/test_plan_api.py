@@ -224,8 +224,7 @@ def parse(*argv):
     (["--compare", "spatial,foo"], r"argument --compare: unknown strategy 'foo'"),
     (["--compare", ","], r"argument --compare: unknown strategy ''"),
     (["--strategy", "foo"], r"argument --strategy: invalid choice: 'foo'"),
-    (["--view", "spatial", "-o", "x.dot"], r"--view spatial is a picture"),
-])
+])  # (options that do not go together: tests/test_viz_review.py)
 def test_bad_option_values_are_usage_errors(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_:

@@ -58,7 +58,10 @@ def test_reference_workload_to_svg_with_json_summary(tmp_path, capsys):
     # x, y, lc1, relu, lc2, relu_1, to_nchw, flatten, fc, loss: a box per layer
     m = gf.models.lc_large(batch=None)
     plan = gf.partition(m.graph, 4, "spatial", loss=m.loss)
-    assert p["nodes"] == 10 and p["transfers"] == len(plan.transfers) and len(p["workers"]) == 4
+    assert p["layers"] == 10 and p["transfers"] == len(plan.transfers) and len(p["workers"]) == 4
+    # per worker, the nodes, sends and receives `graphflow show` reports
+    assert [(w["nodes"], w["sends"], w["recvs"]) for w in p["workers"]] == \
+        [(s.nodes, s.sends, s.recvs) for s in plan.stats(64)]
     assert p["predicted_step_ms"] > 0
     assert len(svg_groups(parse_svg(out.read_text()), "node")) == 10
 

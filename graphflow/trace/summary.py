@@ -22,6 +22,7 @@ fetch) run beside the executor and are not added in: they would count the same t
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping
@@ -66,7 +67,8 @@ def steady(steps: list[tuple[float, float]], last: int | None = None
 def coverage(doc: Mapping[str, Any], last_steps: int | None = None) -> list[dict[str, Any]]:
     """Per worker: steps, median step and executor-span total (ms), the median ratios of the
     span total (`coverage`), of its `work` and its `compute` to the step time, the lowest
-    coverage of a step; over the `steady` steps."""
+    coverage of a step, and its executor spans' ms per category (`category_ms`); over the
+    `steady` steps."""
     evs = events(doc)
     every = step_windows(evs)
     windows = {c: steady(w, last_steps) for c, w in every.items()}
@@ -90,39 +92,68 @@ def coverage(doc: Mapping[str, Any], last_steps: int | None = None) -> list[dict
                     "spans_ms": statistics.median(totals) / 1e3,
                     "coverage": statistics.median(ratios) if ratios else 0.0,
                     "lowest": min(ratios, default=0.0),
-                    "work": _median_ratio(work, steps), "compute": _median_ratio(compute, steps)})
+                    "work": _median_ratio(work, steps), "compute": _median_ratio(compute, steps),
+                    "category_ms": {cat: sum(ms) for cat, ms in per_step(spans, steps).items()}})
     return out
+
+
+def driver_alone(doc: Mapping[str, Any], last_steps: int | None = None) -> dict[str, Any] | None:
+    """A trace of one process (the driver ran the kernels; its steps name no cluster): its
+    `steady` steps, and per category the median ms a step (`step` is the step time). None
+    when the trace has workers or the driver timed no step."""
+    evs = events(doc)
+    if step_windows(evs):
+        return None
+    mine = [e for e in evs if e.process == "driver"]
+    every = sorted((e.ts, e.end) for e in mine if e.cat == "step")
+    steps = steady(every, last_steps)
+    if not steps:
+        return None
+    spans = sorted(mine, key=lambda e: e.ts)
+    return {"steps": len(steps), "left_out": len(every) - len(steps),
+            "ms_per_step": {cat: statistics.median(ms)
+                            for cat, ms in per_step(spans, steps).items()}}
+
+
+def per_step(spans: list[Event], steps: list[tuple[float, float]]) -> dict[str, list[float]]:
+    """category -> ms of `spans` (sorted by start) inside each of `steps` (disjoint, in time
+    order): what a span spends outside the steps counted (the compiling first one) is not."""
+    out: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(steps))
+    starts = [a for a, _ in steps]
+    for e in spans:
+        k = max(bisect.bisect_right(starts, e.ts) - 1, 0)
+        while k < len(steps) and steps[k][0] < e.end:
+            a, b = steps[k]
+            if (inside := min(e.end, b) - max(e.ts, a)) > 0:
+                out[e.cat][k] += inside / 1e3
+            k += 1
+    return dict(out)
 
 
 def _median_ratio(spans: list[Event], steps: list[tuple[float, float]]) -> float:
     return statistics.median(covered(spans, a, b) / (b - a) for a, b in steps if b > a)
 
 
-def totals(doc: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """process -> category -> milliseconds of its executor-thread spans (driver: all)."""
-    out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for e in events(doc):
-        if e.process == "driver" or e.thread == EXECUTOR:
-            out[e.process][e.cat] += e.dur / 1e3
-    return {p: dict(c) for p, c in out.items()}
-
-
 def report(doc: Mapping[str, Any], last_steps: int | None = None) -> str:
     """A few lines for people: each worker's coverage of the steps and where its time went."""
     lines = []
-    cats = totals(doc)
     for c in coverage(doc, last_steps):
-        where = ", ".join(f"{cat} {ms:.0f} ms" for cat, ms in
-                          sorted(cats.get(c["process"], {}).items(), key=lambda kv: -kv[1]))
-        which = (f"the last {c['steps']} steps" if last_steps is not None
-                 else f"{c['steps']} steps" + (", the first left out" if c["left_out"]
-                                                else ""))
         lines.append(f"{c['process']}: executor spans {c['spans_ms']:.1f} ms of a "
                      f"{c['step_ms']:.1f} ms step ({100 * c['coverage']:.1f}%, median of "
-                     f"{which}; in the worker's own work {100 * c['work']:.0f}%, "
-                     f"computing {100 * c['compute']:.0f}%); in all: {where}")
-    if not lines and "driver" in cats:  # one process: no workers, the driver ran the kernels
-        lines.append("driver (no workers): " + ", ".join(
-            f"{cat} {ms:.0f} ms" for cat, ms in sorted(cats["driver"].items(),
-                                                         key=lambda kv: -kv[1])))
+                     f"{_which(c, last_steps)}; in the worker's own work {100 * c['work']:.0f}%, "
+                     f"computing {100 * c['compute']:.0f}%); in those steps: "
+                     f"{_by_size(c['category_ms'])}")
+    if not lines and (alone := driver_alone(doc, last_steps)):  # the driver ran the kernels
+        lines.append(f"driver (no workers), a step: {_by_size(alone['ms_per_step'])} (median "
+                     f"of {_which(alone, last_steps)})")
     return "\n".join(lines) or "no measured steps in this trace (no driver 'step' spans)"
+
+
+def _which(c: Mapping[str, Any], last_steps: int | None) -> str:
+    if last_steps is not None:
+        return f"the last {c['steps']} steps"
+    return f"{c['steps']} steps" + (", the first left out" if c["left_out"] else "")
+
+
+def _by_size(ms: Mapping[str, float]) -> str:
+    return ", ".join(f"{cat} {v:.1f} ms" for cat, v in sorted(ms.items(), key=lambda kv: -kv[1]))

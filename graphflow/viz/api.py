@@ -12,6 +12,7 @@ from graphflow.viz.diagram import Diagram, build_diagram
 from graphflow.viz.dot import to_dot
 from graphflow.viz.page import to_html
 from graphflow.viz.png import require_matplotlib, write_png
+from graphflow.viz.scene import Scene
 from graphflow.viz.spatial import spatial_layers
 from graphflow.viz.svg import to_svg
 
@@ -57,23 +58,28 @@ def render(plans: Sequence[Plan], path: str | Path, detail: str = "layers", batc
            title: str | None = None, view: str = "plan",
            cost: CostModel | None = None) -> list[Diagram]:
     """Write the plans side by side to `path`; returns their diagrams (for summaries).
-    `view="spatial"` draws only the first plan's spatial view; `cost` predicts busy times."""
+    `view="spatial"` draws only the plans' spatial views, one below the other; `cost`
+    predicts busy times. Missing folders of `path` are made (as argtypes.output_file says)."""
     path = Path(path)
     fmt = _check(path, view)
     diagrams = [build_diagram(p, detail, batch, _title(p, title), cost) for p in plans]
+    picture: Scene | str
     if fmt == ".dot":
-        path.write_text(to_dot(diagrams))
-        return diagrams
-    layers = [spatial_layers(p, batch) for p in plans]
-    if view == "spatial" and not layers[0]:
-        raise ValueError(f"{diagrams[0].title}: no local2d or conv2d layer to draw a "
-                         f"spatial view of")
-    scene = (spatial_scene(diagrams[0], layers[0]) if view == "spatial"
-             else compose(diagrams, layers))
-    if fmt == ".png":
-        write_png(scene, path)
+        picture = to_dot(diagrams)
     else:
-        path.write_text(to_svg(scene) if fmt == ".svg" else to_html(scene))
+        layers = [spatial_layers(p, batch) for p in plans]
+        if view == "spatial" and not layers[0]:
+            raise ValueError(f"{diagrams[0].title}: no local2d or conv2d layer to draw a "
+                             f"spatial view of")
+        scene = (spatial_scene(diagrams, layers) if view == "spatial"
+                 else compose(diagrams, layers))
+        picture = (scene if fmt == ".png" else to_svg(scene) if fmt == ".svg"
+                   else to_html(scene))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(picture, str):
+        path.write_text(picture)
+    else:
+        write_png(picture, path)
     return diagrams
 
 

@@ -23,6 +23,7 @@ from graphflow.errors import GraphflowError
 from graphflow.modelspec import figure_batch, load_model
 from graphflow.viz.api import FORMATS, VIEWS, render
 from graphflow.viz.diagram import DETAILS
+from graphflow.viz.scene import fmt_bytes
 
 # The cli wires this in with `configure(parser)` and `run(args)` and prints the errors `run`
 # raises (GraphflowError, ValueError, ImportError for .png without matplotlib, OSError).
@@ -40,27 +41,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="lc-large, speech-mlp, digits-lc, module:function or "
                              "file.py[:function] (default function: build_model)")
     parser.add_argument("--parts", type=count, default=2, help="workers to split it across (2)")
-    parser.add_argument("--strategy", default="spatial", choices=STRATEGIES,
+    parser.add_argument("--strategy", default=None, choices=STRATEGIES,
                         help="placement strategy (spatial)")
     parser.add_argument("-o", "--output", default="plan.svg", metavar="FILE", type=picture_file,
                         help=f"output file; its suffix picks the format: "
                              f"{', '.join(FORMATS)} (plan.svg)")
-    parser.add_argument("--detail", default="layers", choices=DETAILS,
+    parser.add_argument("--detail", default=None, choices=DETAILS,
                         help="one box per layer (name scope) or per op (layers)")
     parser.add_argument("--compare", default=None, metavar="S1,S2,...", type=strategy_list,
                         help="draw these strategies side by side with their predicted "
                              "step times, e.g. spatial,layerwise,mincut")
     parser.add_argument("--view", default="plan", choices=VIEWS,
                         help="the plan (graph, bars and spatial view) or only the spatial "
-                             "view of its local2d / conv layers (plan)")
+                             "view of its local2d / conv layers, one a plan (plan)")
     parser.add_argument("--batch", type=count, default=None,
                         help="batch size for bytes, FLOPs and predicted times (default: the "
                              "model's own, else 64)")
     parser.add_argument("--json", action="store_true",
                         help="print a summary of each plan as JSON on stdout")
     add_estimate_option(parser)
-    # options that only disagree with each other are usage errors too (see `run`)
-    parser.set_defaults(usage_error=parser.error)
 
 
 def picture_file(text: str) -> str:
@@ -88,7 +87,7 @@ def strategy_list(text: str) -> list[str]:
 def strategies(args: argparse.Namespace) -> list[str]:
     """The strategies to draw: --compare's list, or --strategy."""
     if not args.compare:
-        return [args.strategy]
+        return [args.strategy or "spatial"]
     if isinstance(args.compare, str):  # a namespace not from configure's parser
         try:
             return strategy_list(args.compare)
@@ -97,34 +96,57 @@ def strategies(args: argparse.Namespace) -> list[str]:
     return list(args.compare)
 
 
+def conflict(args: argparse.Namespace) -> str | None:
+    """Options that would be ignored together: a usage error, not a silent no-op."""
+    if args.compare and args.strategy is not None:
+        return (f"--strategy {args.strategy} is ignored with --compare, which names the "
+                f"strategies to draw: add {args.strategy} to its list instead")
+    if args.view == "spatial" and args.detail is not None:
+        return ("--detail picks the graph's boxes, and --view spatial draws no graph (only "
+                "the grids of the local2d / conv layers)")
+    if args.view == "spatial" and Path(args.output).suffix.lower() == ".dot":
+        return "--view spatial is a picture: write .svg, .png or .html, not .dot"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
-    """Partition MODEL, write the picture, print where (or the summary with --json)."""
+    """Partition MODEL, write the picture, print where (or the summary with --json); 2 for
+    options that do not go together (said on stderr)."""
     from graphflow.partitioners import partition
     from graphflow.prediction import command_cost
 
     if args.parts < 1:
         raise GraphflowError(f"--parts must be at least 1, got {args.parts}")
-    if args.view == "spatial" and Path(args.output).suffix.lower() == ".dot":
-        message = "--view spatial is a picture: write .svg, .png or .html, not .dot"
-        if usage_error := getattr(args, "usage_error", None):
-            usage_error(message)  # exits 2
-        raise GraphflowError(message)
+    if problem := conflict(args):
+        return usage_error(problem)
     name, graph, loss = load_model(args.model)
-    args.batch = figure_batch(graph, args.batch)
+    try:
+        args.batch = figure_batch(graph, args.batch)
+    except GraphflowError as e:  # the model's own batch, not another
+        return usage_error(str(e))
+    detail = args.detail or "layers"
     plans = [partition(graph, args.parts, s, loss=loss) for s in strategies(args)]
     cost = command_cost(plans, args.batch, args.estimate)
-    diagrams = render(plans, args.output, args.detail, args.batch, name, args.view, cost)
+    diagrams = render(plans, args.output, detail, args.batch, name, args.view, cost)
     if args.json:
         print(json.dumps({"model": name, "output": str(args.output),
                           "plans": [d.summary() for d in diagrams]}))
-    else:
-        for d in diagrams:
-            s = d.summary()
-            print(f"{d.title}: {s['nodes']} {args.detail}, {s['transfers']} transfers of "
-                  f"{s['bytes_per_step'] / 1e6:.2f} MB per step, predicted step "
-                  f"{s['predicted_step_ms']:.1f} ms")
-        print(f"wrote {args.output}")
+        return 0
+    for d in diagrams:
+        s = d.summary()
+        print(f"{d.title}: {s[detail]} {detail}, {s['transfers']} transfers of "
+              f"{fmt_bytes(s['bytes_per_step'])} per step, predicted step "
+              f"{s['predicted_step_ms']:.1f} ms")
+        if d.idle:  # as `graphflow show` says it
+            print(f"idle: worker(s) {', '.join(map(str, d.idle))} got no nodes")
+    print(f"wrote {args.output}")
     return 0
+
+
+def usage_error(message: str) -> int:
+    """Say on stderr what was wrong with the options; the exit code of a usage error."""
+    print(f"graphflow visualize: error: {message}", file=sys.stderr)
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:

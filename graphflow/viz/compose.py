@@ -48,14 +48,18 @@ def compose(diagrams: list[Diagram], spatial: list[list[SpatialLayer]]) -> Scene
     return Scene(x - 2 * MARGIN, top + height + MARGIN, items, title)
 
 
-def spatial_scene(d: Diagram, layers: list[SpatialLayer]) -> Scene:
-    """The spatial view alone, with the plan's title (every local2d / conv layer, split or
-    not)."""
-    view, w, h = spatial_view(layers)
-    view.x, view.y = MARGIN, MARGIN + HEADER
-    items: list[Item] = [Group([*_titles(d), _legend(d.parts)], x=MARGIN, y=MARGIN), view]
-    return Scene(max(w, 760) + 2 * MARGIN, h + HEADER + 2 * MARGIN, items,
-                 f"{d.title}: spatial view")
+def spatial_scene(diagrams: list[Diagram], spatial: list[list[SpatialLayer]]) -> Scene:
+    """The spatial views alone, each under its plan's title (every local2d / conv layer,
+    split or not), one plan below the other."""
+    items: list[Item] = []
+    y, width = MARGIN, 760.0
+    for k, (d, layers) in enumerate(zip(diagrams, spatial, strict=True)):
+        view, w, h = spatial_view(layers, f"p{k}-" if len(diagrams) > 1 else "")
+        view.x, view.y = MARGIN, y + HEADER
+        items += [Group([*_titles(d), _legend(d.parts)], x=MARGIN, y=y), view]
+        y, width = y + HEADER + h + MARGIN, max(width, w)
+    title = " | ".join(d.title for d in diagrams)
+    return Scene(width + 2 * MARGIN, y + MARGIN, items, f"{title}: spatial view")
 
 
 def plan_panel(d: Diagram, layers: list[SpatialLayer],

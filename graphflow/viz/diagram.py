@@ -70,17 +70,19 @@ class Diagram:
     stats: list[WorkerStats]
     busy: list[float]  # the cost model's predicted busy seconds per worker
     step_seconds: float
+    idle: list[int]  # workers the plan gave no nodes (Plan.idle_workers)
 
     def summary(self) -> dict[str, Any]:
         """The figures a script reads (`graphflow visualize --json`)."""
-        return {
+        return {  # the boxes counted under their name: "layers" (or "ops" with detail="ops")
             "title": self.title, "strategy": self.strategy, "parts": self.parts,
-            "batch": self.batch, "detail": self.detail, "nodes": len(self.boxes),
+            "batch": self.batch, "detail": self.detail, self.detail: len(self.boxes),
             "cut_edges": len(self.cuts),
             "transfers": sum(len(c.transfers) for c in self.cuts),
             "bytes_per_step": sum(c.nbytes for c in self.cuts),
-            "predicted_step_ms": 1e3 * self.step_seconds,
-            "workers": [{"worker": s.index, "flops": s.flops, "param_bytes": s.param_bytes,
+            "predicted_step_ms": 1e3 * self.step_seconds, "idle_workers": self.idle,
+            "workers": [{"worker": s.index, "nodes": s.nodes, "sends": s.sends,
+                         "recvs": s.recvs, "flops": s.flops, "param_bytes": s.param_bytes,
                          "bytes_in": s.bytes_in, "bytes_out": s.bytes_out,
                          "busy_ms": 1e3 * b} for s, b in zip(self.stats, self.busy)]}
 
@@ -111,7 +113,7 @@ def build_diagram(plan: Plan, detail: str = "layers", batch: int = 64,
     busy = [*prediction.busy, *[0.0] * (plan.parts - len(prediction.busy))][:plan.parts]
     return Diagram(title or f"{plan.strategy}, {plan.parts} worker(s)", plan.strategy,
                    plan.parts, batch, detail, boxes, edges, cuts(plan, box_of, batch),
-                   plan.stats(batch), busy, prediction.step_seconds)
+                   plan.stats(batch), busy, prediction.step_seconds, plan.idle_workers())
 
 
 def cuts(plan: Plan, box_of: dict[str, str], batch: int) -> list[Cut]:
@@ -150,14 +152,15 @@ def _box(key: str, nodes: list[Node], plan: Plan, batch: int, detail: str,
 
 def _shares(nodes: list[Node], plan: Plan, flops: dict[str, float]) -> tuple[tuple[int, float],
                                                                             ...]:
-    """Each worker's share of the box's FLOPs (of its nodes, if it has no FLOPs)."""
+    """Each worker's share of the box's FLOPs (of its nodes, if it has no FLOPs); a worker
+    that holds only nodes without FLOPs (a parameter) has a share of 0, but is listed."""
     placed = [n for n in nodes if n.op not in REPLICATED]
-    weight = Counter[int]()
+    weight = {plan.placement[n.name]: 0.0 for n in placed}
     total = sum(flops[n.name] for n in placed)
     for n in placed:
         weight[plan.placement[n.name]] += flops[n.name] if total > 0 else 1
     norm = sum(weight.values())
-    return tuple((w, weight[w] / norm) for w in sorted(weight) if weight[w] > 0)
+    return tuple((w, weight[w] / norm) for w in sorted(weight))
 
 
 def _output_shape(fwd: list[Node], handed_on: set[str]) -> str:

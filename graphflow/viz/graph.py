@@ -65,7 +65,7 @@ def draw_graph(d: Diagram, prefix: str = "") -> tuple[Group, float, float]:
 
 
 def tooltip(b: Box) -> str:
-    workers = (", ".join(f"w{w} {100 * s:.0f}%" for w, s in b.workers)
+    workers = (", ".join(f"w{w} {percent(s)}" for w, s in b.workers)
                or "a copy on each worker that reads it")
     return "\n".join([b.label, f"ops: {b.ops}", f"output: {b.shape}",
                       f"FLOPs per step (fwd+bwd): {fmt_flops(b.flops)}",
@@ -79,10 +79,10 @@ def _box(b: Box, c: Point, geo: Geometry, element_id: str, kind: str) -> Group:
     if not b.workers:
         items.append(Rect(x0, y0, geo.box_w, geo.box_h, fill=REPLICATED_FILL))
     x = x0
-    for w, share in b.workers:  # one stripe per worker, as wide as its share of the work
-        items.append(Rect(x, y0, geo.box_w * share, geo.box_h, fill=light(w), cls="stripe",
+    for (w, _), width in zip(b.workers, stripe_widths(b, geo.box_w), strict=True):
+        items.append(Rect(x, y0, width, geo.box_h, fill=light(w), cls="stripe",
                           data={"worker": str(w)}))
-        x += geo.box_w * share
+        x += width
     items.append(Rect(x0, y0, geo.box_w, geo.box_h, stroke=INK, width=1.2, cls="frame"))
     chars = int(geo.box_w / (0.58 * geo.font)) - 1
     items.append(Text(c[0], y0 + geo.font + 5, _fit(b.label, chars), geo.font, "middle",
@@ -95,6 +95,27 @@ def _box(b: Box, c: Point, geo: Geometry, element_id: str, kind: str) -> Group:
             "info": tooltip(b)}
     return Group(items, id=element_id, cls=f"node {kind}",
                  data=data, title=tooltip(b))
+
+
+MIN_STRIPE = 6.0  # pixels: a worker with a sliver of a layer (its bias) still shows
+
+
+def stripe_widths(b: Box, box_w: float) -> list[float]:
+    """One stripe per worker, as wide as its share of the work, but none narrower than
+    MIN_STRIPE: the narrow ones widened, the others narrowed in proportion to make room."""
+    shares = [s for _, s in b.workers]
+    floor = min(MIN_STRIPE, box_w / max(len(shares), 1))
+    small = [s * box_w < floor for s in shares]
+    room = box_w - floor * sum(small)
+    rest = sum(s for s, tiny in zip(shares, small, strict=True) if not tiny)
+    return [floor if tiny else room * s / rest for s, tiny in zip(shares, small, strict=True)]
+
+
+def percent(share: float) -> str:
+    """A worker's share of a box: "<1%" (not "0%") for a sliver it does hold, ">99%" beside."""
+    if 0 <= share < 0.005:
+        return "<1%"
+    return ">99%" if 0.995 < share < 1 else f"{100 * share:.0f}%"
 
 
 def _edge(a: Point, b: Point, geo: Geometry, src: Box, dst: Box) -> Group:

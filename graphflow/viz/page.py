@@ -49,9 +49,10 @@ SCRIPT = r"""
     vb = [px - (px - vb[0]) * f, py - (py - vb[1]) * f, vb[2] * f, vb[3] * f];
     show();
   }, {passive: false});
-  let drag = null;
+  let drag = null, dragged = false;  // dragged: the click that ends a drag is no click
   svg.addEventListener('pointerdown', e => {
     drag = {x: e.clientX, y: e.clientY, vb: vb.slice(), moved: false};
+    dragged = false;
     svg.classList.add('dragging');
   });
   window.addEventListener('pointermove', e => {
@@ -72,7 +73,14 @@ SCRIPT = r"""
       tip.style.display = 'none';
     }
   });
-  window.addEventListener('pointerup', () => { svg.classList.remove('dragging'); });
+  // on the window: a drag may end outside the SVG (or the browser may take the pointer)
+  const endDrag = () => {
+    dragged = drag !== null && drag.moved;
+    drag = null;
+    svg.classList.remove('dragging');
+  };
+  window.addEventListener('pointerup', endDrag);
+  window.addEventListener('pointercancel', endDrag);
   let focus = null;
   const highlight = w => {
     focus = (w === focus) ? null : w;
@@ -87,8 +95,7 @@ SCRIPT = r"""
       focus === null ? '' : ' | highlighting worker ' + focus;
   };
   svg.addEventListener('click', e => {
-    if (drag && drag.moved) { drag = null; return; }
-    drag = null;
+    if (dragged) { dragged = false; return; }
     const hit = e.target.closest('[data-worker], g.node');
     if (!hit) { if (focus !== null) highlight(focus); return; }
     const w = hit.dataset.worker !== undefined ? hit.dataset.worker
