@@ -166,7 +166,7 @@ def _show_plans(args: argparse.Namespace, name: str, graph: Graph, loss: Node | 
     from graphflow.partitioners import STRATEGIES, partition
     from graphflow.partitioners.plan import contention_note
     from graphflow.prediction import command_cost
-    from graphflow.viz.scene import fmt_bytes
+    from graphflow.units import fmt_bytes
 
     strategy = args.strategy or "spatial"
     strategies = STRATEGIES if strategy == "all" else [strategy]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -148,6 +149,8 @@ def _load(target: str, spec: str, workloads: dict[str, Callable[..., Any]]) -> M
         with _user_code(spec, f"loading {path}"):
             loader.loader.exec_module(module)
         return module
+    if not {"", os.getcwd()} & set(sys.path):  # a module of the current folder, found as
+        sys.path.append(os.getcwd())  # `python -m` finds it (the `graphflow` script does not)
     try:  # found before it runs, so that an import inside it is the user's mistake, not ours
         found, missing = importlib.util.find_spec(target), target
     except ModuleNotFoundError as e:  # a parent package is missing

@@ -29,6 +29,7 @@ from graphflow.partitioners.planfile import (
 )
 from graphflow.partitioners.recompute import original_name
 from graphflow.serialize import graph_from_dict, graph_to_dict
+from graphflow.units import fmt_bytes
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ class Plan:
         stats = self.stats(batch)
         lines = [f"plan: {self.strategy}, {self.parts} worker(s), batch {batch}, "
                  f"{len(self.transfers)} transfers of "
-                 f"{sum(t.nbytes(batch) for t in self.transfers) / 1e6:.2f} MB per step",
+                 f"{fmt_bytes(sum(t.nbytes(batch) for t in self.transfers))} per step",
                  f"{'worker':>6} {'nodes':>6} {'sends':>6} {'recvs':>6} {'GFLOP':>8} "
                  f"{'params MB':>10} {'in MB':>8} {'out MB':>8} {'busy ms':>8}"]
         for s in stats:

@@ -266,3 +266,21 @@ def test_a_split_trainer_hands_its_timeouts_to_the_cluster(model_file):
         assert trainer.cluster.timeout == 7.0 and trainer.cluster.connect_timeout == 3.0
     finally:
         trainer.close()
+
+
+def test_a_module_of_the_current_folder_is_found_as_python_m_finds_it(tmp_path):
+    (tmp_path / "my_models.py").write_text(textwrap.dedent("""\
+        import graphflow as gf
+
+        def build():
+            with gf.Graph() as g:
+                x = gf.placeholder("x", (None, 4))
+                gf.relu(x, name="h")
+            return g
+        """))
+    # the `graphflow` script's sys.path has its own folder first, not the current one
+    code = ("import os, sys; sys.path = [p for p in sys.path if p not in ('', os.getcwd())]; "
+            "from graphflow.cli import main; sys.exit(main(['show', 'my_models:build']))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "h: float32[N, 4] = relu(x)" in r.stdout, r.stderr

@@ -233,3 +233,15 @@ def test_bad_option_values_are_usage_errors(tmp_path, capsys, monkeypatch, argv,
     err = capsys.readouterr().err
     assert err.startswith("usage: graphflow visualize") and re.search(message, err)
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_a_report_counts_a_small_cut_in_bytes():
+    with gf.Graph() as g:
+        x = gf.placeholder("x", (None, 4))
+        y = gf.placeholder("y", (None,), dtype="int32")
+        loss = gf.softmax_cross_entropy(gf.layers.dense(x, 3, name="fc"), y)
+    plan = partition(g, 2, "layerwise", loss=loss)
+    total = sum(t.nbytes(8) for t in plan.transfers)
+    assert 0 < total < 1000
+    head = plan.report(8, CostModel.builtin(batch=8)).splitlines()[0]
+    assert head.endswith(f"{len(plan.transfers)} transfers of {total} B per step"), head

@@ -5,19 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from graphflow.units import fmt_bytes, fmt_flops, fmt_ms
 from graphflow.viz.diagram import Diagram
-from graphflow.viz.scene import (
-    MUTED,
-    Group,
-    Item,
-    Rect,
-    Text,
-    fmt_bytes,
-    fmt_flops,
-    fmt_ms,
-    light,
-    strong,
-)
+from graphflow.viz.scene import MUTED, Group, Item, Rect, Text, light, strong
 
 WIDTH = 280
 BAR_W = 150

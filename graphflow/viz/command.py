@@ -21,9 +21,9 @@ from pathlib import Path
 from graphflow.argtypes import count, output_file
 from graphflow.errors import GraphflowError
 from graphflow.modelspec import figure_batch, load_model
+from graphflow.units import fmt_bytes
 from graphflow.viz.api import FORMATS, VIEWS, render
 from graphflow.viz.diagram import DETAILS
-from graphflow.viz.scene import fmt_bytes
 
 # The cli wires this in with `configure(parser)` and `run(args)` and prints the errors `run`
 # raises (GraphflowError, ValueError, ImportError for .png without matplotlib, OSError).

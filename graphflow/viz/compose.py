@@ -3,6 +3,7 @@ split locally connected layers) the spatial view; several plans side by side to 
 
 from __future__ import annotations
 
+from graphflow.units import fmt_bytes, fmt_ms
 from graphflow.viz import bars
 from graphflow.viz.diagram import Diagram
 from graphflow.viz.graph import draw_graph
@@ -18,8 +19,6 @@ from graphflow.viz.scene import (
     Rect,
     Scene,
     Text,
-    fmt_bytes,
-    fmt_ms,
     light,
     strong,
 )

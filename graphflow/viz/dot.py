@@ -7,9 +7,10 @@ spans workers is `striped` in its workers' colours. Several diagrams become clus
 
 from __future__ import annotations
 
+from graphflow.units import fmt_bytes, fmt_ms
 from graphflow.viz.diagram import Box, Diagram
 from graphflow.viz.graph import tooltip
-from graphflow.viz.scene import CUT, EDGE, REPLICATED_FILL, fmt_bytes, fmt_ms, light
+from graphflow.viz.scene import CUT, EDGE, REPLICATED_FILL, light
 
 
 def to_dot(diagrams: list[Diagram]) -> str:

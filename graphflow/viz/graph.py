@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from graphflow.units import fmt_bytes, fmt_count, fmt_flops
 from graphflow.viz.diagram import Box, Cut, Diagram
 from graphflow.viz.layout import layered
 from graphflow.viz.scene import (
@@ -20,9 +21,6 @@ from graphflow.viz.scene import (
     Rect,
     Text,
     arrow_head,
-    fmt_bytes,
-    fmt_count,
-    fmt_flops,
     light,
     text_width,
 )

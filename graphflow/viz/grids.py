@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphflow.units import fmt_bytes
 from graphflow.viz.scene import (
     INK,
     MUTED,
@@ -16,7 +17,6 @@ from graphflow.viz.scene import (
     Rect,
     Text,
     arrow_head,
-    fmt_bytes,
     light,
     strong,
 )
