@@ -180,3 +180,14 @@ def test_a_plan_keeps_its_joins_and_refuses_a_join_of_nothing(tmp_path):
                        match=r"joins: 'out/add' is joined 'concat' from out/add/part7, not "
                              r"nodes of the graph"):
         gf.Plan.load(tmp_path / "bad.json")
+
+
+def test_a_misspelt_fetch_is_matched_against_the_joined_nodes_too():
+    from graphflow.errors import GraphError
+    from graphflow.runtime.planargs import PlanArgs
+
+    model = gf.models.speech_mlp(batch=None)
+    args = PlanArgs(partition(model.graph, 2, "spatial", loss=model.loss))
+    assert args.pieces(args.fetches([model.logits])) == ["out/add/part0", "out/add/part1"]
+    with pytest.raises(GraphError, match=r"no node named 'out/ad' .*did you mean 'out/add'"):
+        args.fetches(["out/ad"])

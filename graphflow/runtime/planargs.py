@@ -71,7 +71,8 @@ class PlanArgs:
         for name in names:
             if name not in self.plan.placement and name not in self.plan.joins:
                 raise GraphError(f"Cluster ({user_source_line()}): no node named '{name}' in "
-                                 f"the plan to fetch{did_you_mean(name, self.plan.placement)}")
+                                 f"the plan to fetch"
+                                 f"{did_you_mean(name, [*self.plan.placement, *self.plan.joins])}")
         return list(dict.fromkeys(names))
 
     def pieces(self, names: list[str]) -> list[str]:
