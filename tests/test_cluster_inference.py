@@ -191,3 +191,78 @@ def test_a_misspelt_fetch_is_matched_against_the_joined_nodes_too():
     assert args.pieces(args.fetches([model.logits])) == ["out/add/part0", "out/add/part1"]
     with pytest.raises(GraphError, match=r"no node named 'out/ad' .*did you mean 'out/add'"):
         args.fetches(["out/ad"])
+
+
+def _session_with(model, plan, cluster):
+    session = gf.Session(model.graph)
+    session.params.update(plan.assemble(cluster.params()))
+    return session
+
+
+def test_a_gradient_of_one_stage_with_micro_batches_matches_the_session():
+    """Only some workers are needed: every worker then runs its micro-batches one after
+    another (a worker on the pipeline's schedule would wait for its peers in another order)."""
+    model = gf.models.digits_lc(batch=None)
+    plan = partition(model.graph, 3, "layerwise", loss=model.loss)
+    feeds = {"x": images(6), "y": labels(6)}
+    grads = gf.gradients(model.loss, [model.graph["conv1/W"]])
+    with Cluster(plan, microbatches=2, timeout=20) as cluster:
+        got = cluster.run(feeds, plan.grads["conv1/W"])[plan.grads["conv1/W"]]
+        want = _session_with(model, plan, cluster).run(grads["conv1/W"],
+                                                       {model.x: feeds["x"], model.y: feeds["y"]})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_micro_batches_join_on_the_batch_axis_and_a_parameter_comes_once():
+    model = gf.models.digits_lc(batch=None)
+    plan = partition(model.graph, 2, "layerwise", loss=model.loss)
+    x = images(7)  # micro-batches of 4 and 3 rows
+    names = ["lc2/local2d", "fc/W", "loss"]  # (H, W, C, N): the batch is the last axis
+    assert model.graph["lc2/local2d"].shape[-1] is None
+    with Cluster(plan, microbatches=2, timeout=60) as cluster:
+        got = cluster.run({"x": x, "y": labels(7)}, names)
+        want = _session_with(model, plan, cluster).run(names, {model.x: x, model.y: labels(7)})
+    for name, value in zip(names, want, strict=True):
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_fetched_placeholder_is_what_was_fed_and_unheld_nodes_say_why(model):
+    plan = partition(model.graph, 2, "spatial", loss=model.loss)
+    x = images(5)
+    with Cluster(plan, timeout=60) as cluster:
+        np.testing.assert_array_equal(cluster.run({"x": x}, "x")["x"], x)  # (not a cut)
+        with pytest.raises(MissingFeedError, match="placeholder 'y' .*is not fed, but it is "
+                                                   "fetched"):
+            cluster.run({"x": x}, ["y"])
+        with pytest.raises(gf.GraphflowError, match=r"holds parameter 'lc2/W' in blocks "
+                                                    r"\(lc2/W/part0, lc2/W/part1\); "
+                                                    r"plan.assemble\(cluster.params\(\)\)"):
+            cluster.run({"x": x}, model.graph["lc2/W"])
+        left_out = next(n for n in plan.placement if not any(n in w.graph
+                                                             for w in plan.workers))
+        with pytest.raises(gf.GraphflowError, match=f"no worker computes '{left_out}': the "
+                                                    f"plan's 'spatial' strategy left it out"):
+            cluster.run({"x": x}, left_out)
+
+
+def test_a_missing_feed_names_the_joined_node_not_its_pieces():
+    from graphflow.runtime.planargs import PlanArgs
+
+    model = gf.models.speech_mlp(batch=None)
+    args = PlanArgs(partition(model.graph, 2, "spatial", loss=model.loss))
+    with pytest.raises(MissingFeedError, match=r"'x' .*is not fed, but 'out/add' needs it"):
+        args.feeds({}, [model.logits.name])
+
+
+def test_a_call_while_a_stream_has_steps_in_flight_is_refused(model):
+    plan = partition(model.graph, 2, "layerwise", loss=model.loss)
+    data = [{"x": images(4, s), "y": labels(4, s)} for s in range(4)]
+    with Cluster(plan, optimizer=SGD, timeout=20) as cluster:
+        losses = []
+        for out in cluster.stream(data, ahead=1):
+            losses.append(float(out["loss"]))
+            if len(losses) == 2:
+                with pytest.raises(gf.GraphflowError, match="1 streamed step.* still in flight"):
+                    cluster.run({"x": images(4)}, model.logits)
+        assert len(losses) == 4  # the stream was not disturbed
+        assert cluster.run({"x": images(4)}, model.logits)  # after it, calls are fine

@@ -57,11 +57,14 @@ def _reap(procs: list[subprocess.Popen[bytes]], tmp: str | None, feeds: FeedBuff
     reap(procs, tmp)
 
 
-def _only(needed: list[frozenset[str]] | None, i: int, plan: Plan) -> list[str] | None:
-    """What worker i is told to run of its subgraph: None for the whole of it."""
-    if needed is None or len(needed[i]) == len(plan.workers[i].graph.nodes):
-        return None
-    return sorted(needed[i])
+def _only(needed: list[frozenset[str]] | None, plan: Plan) -> list[list[str] | None]:
+    """What each worker is told to run of its subgraph: None for the whole of it, on every
+    worker or none (a pruned worker runs its micro-batches one after another, so a peer that
+    ran the pipeline's schedule would wait for it in another order)."""
+    if needed is None or all(len(n) == len(w.graph.nodes)
+                             for n, w in zip(needed, plan.workers, strict=True)):
+        return [None] * plan.parts
+    return [sorted(n) for n in needed]
 
 
 class Cluster:
@@ -101,6 +104,7 @@ class Cluster:
         self.local_workers, self.pin = local_workers or plan.parts, pin
         self._blas_limited = mode == "threads" and BLAS_LIMIT.acquire(self.local_workers)
         self.step_count = 0
+        self._streamed: deque[SentStep] | None = None  # a stream's steps in flight
         self._feed_buffers = FeedBuffers.for_mode(mode)
         # a cluster dropped without close still ends its worker processes (when collected, or
         # at the interpreter's exit); a killed driver's workers end by themselves (lifetime.py)
@@ -198,6 +202,15 @@ class Cluster:
         self._check_open()
         return self._worker_calls
 
+    def _check_idle(self) -> None:
+        """A call of the caller's while a stream's steps are in flight would take their
+        replies (the stream would then wait in vain): refused, saying so."""
+        self._check_open()
+        if self._streamed:
+            raise GraphflowError(f"{len(self._streamed)} streamed step(s) are still in flight: "
+                                 f"finish or close the stream (contextlib.closing) before "
+                                 f"another call, or call between streams")
+
     def _check_open(self) -> None:
         if self.closed:  # (its sockets are: zmq would say "Socket operation on non-socket")
             raise GraphflowError("the cluster is closed: its workers were shut down or "
@@ -217,6 +230,7 @@ class Cluster:
         """One step of every worker; returns the fetched values by node name. Without `train`
         the workers compute only what the fetches depend on, so only the placeholders those
         read must be fed (the logits need no labels); a training step needs them all."""
+        self._check_idle()
         return self._finish_step(self._send_step(feeds, fetches, train, check_numerics))
 
     def stream(self, batches: Iterable[Feeds], fetches: Fetches | None = None,
@@ -242,8 +256,10 @@ class Cluster:
         """
         if ahead < 0:
             raise ValueError(f"ahead must be >= 0, got {ahead}")
+        self._check_idle()
         fetches = None if fetches is None else self._args.fetches(fetches)  # (once: an iterator)
         sent: deque[SentStep] = deque()
+        self._streamed = sent
         try:
             for feeds in batches:
                 sent.append(self._send_step(feeds, fetches, train=True))
@@ -252,8 +268,11 @@ class Cluster:
             while sent:
                 yield self._take_first(sent)
         finally:  # stopped early, or `batches` failed: the steps sent still update parameters
-            while sent and not self.closed:
-                self._take_first(sent)
+            try:
+                while sent and not self.closed:
+                    self._take_first(sent)
+            finally:
+                self._streamed = None
 
     def _take_first(self, sent: deque[SentStep]) -> dict[str, np.ndarray]:
         """The results of the first of the streamed steps `sent`, removed; if it failed, the
@@ -275,19 +294,20 @@ class Cluster:
         for name in names:
             wanted[self.plan.worker_of(name)].append(name)
         # a run that does not train computes only what its fetches need (runtime/prune.py)
-        only = None if train else self._args.needed(names)
-        checked = self._args.feeds(feeds, None if train else names)
+        only = _only(None if train else self._args.needed(names), self.plan)
+        checked = self._args.feeds(feeds, None if train else asked)
         session = tracing.current()  # a traced run: the workers record, the driver times steps
         traced = session.join(self) if session is not None else None
         rows = self._args.rows(checked, self.microbatches)
-        step = SentStep(self.step_count, {}, traced, clock(), fetches=asked)
+        step = SentStep(self.step_count, {}, traced, clock(), fetches=asked,
+                        fed={n: checked[n] for n in asked if n in self._args.placeholders})
         for i in range(self.plan.parts):
             step.requests[i] = calls.send(i, "step", {
                 "feeds": self._feed_buffers.cut(self.plan, step, i, checked), "fetches": wanted[i],
                 "step": step.number, "train": train, "microbatches": self.microbatches,
                 "check_numerics": check_numerics or self.check_numerics,
                 "schedule": self.schedule, "rows": rows,
-                "only": _only(only, i, self.plan)})
+                "only": only[i]})
         self.step_count += 1
         return step
 
@@ -303,6 +323,7 @@ class Cluster:
     def step(self, feeds: Feeds, fetches: Fetches | None = None) -> dict[str, np.ndarray]:
         """A training step: forward, backward and each worker's parameter update; fetches
         the loss unless told otherwise."""
+        self._check_idle()
         return self._finish_step(self._send_step(feeds, fetches, train=True))
 
     def gradients(self, feeds: Feeds) -> dict[str, np.ndarray]:
@@ -316,6 +337,7 @@ class Cluster:
         return {"loss": out[self.plan.loss], **{p: out[g] for p, g in grads.items()}}
 
     def params(self) -> dict[str, np.ndarray]:
+        self._check_idle()
         return {k: v for r in self.call_all("get_params", {}) for k, v in r.items()}
 
     def set_params(self, values: Mapping[str, np.ndarray]) -> None:
@@ -323,7 +345,7 @@ class Cluster:
         model's: one the plan split into blocks (`fc/W` as `fc/W/part0`, ...) is split alike.
         KeyError for an unknown name, ValueError for a wrong shape, before anything is written:
         `cluster.set_params(gf.Session(model.graph).params)`."""
-        self._check_open()
+        self._check_idle()
         each = self._args.parameters(values)
         self.call_each("set_params", [{"values": v} for v in each])
 

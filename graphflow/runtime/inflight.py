@@ -32,10 +32,12 @@ class SentStep:
     sent: float
     buffers: list[tuple[int, np.ndarray]] = field(default_factory=list)
     fetches: list[str] = field(default_factory=list)
+    fed: dict[str, np.ndarray] = field(default_factory=dict)  # placeholders fetched, as fed
 
     def results(self, plan: Plan, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The fetches' values, from the workers' `values` of the plan's nodes."""
-        return {name: values[name] if name in plan.placement else
+        values = {**values, **self.fed}
+        return {name: values[name] if name in values else
                 plan.joins[name].apply([values[b] for b in plan.joins[name].blocks])
                 for name in self.fetches}
 

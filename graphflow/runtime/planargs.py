@@ -69,17 +69,20 @@ class PlanArgs:
                              f"names, got {described(fetches)}")
         names = [self._name(f, "fetch") for f in fetches]
         for name in names:
-            if name not in self.plan.placement and name not in self.plan.joins:
-                raise GraphError(f"Cluster ({user_source_line()}): no node named '{name}' in "
-                                 f"the plan to fetch"
-                                 f"{did_you_mean(name, [*self.plan.placement, *self.plan.joins])}")
+            if not self.held(name) and name not in self.plan.joins:
+                raise self._not_held(name)
         return list(dict.fromkeys(names))
 
+    def held(self, name: str) -> bool:
+        """Whether a worker computes node `name` (a plan may place a node it then dropped)."""
+        worker = self.plan.placement.get(name)
+        return worker is not None and name in self.plan.workers[worker].graph
+
     def pieces(self, names: list[str]) -> list[str]:
-        """The plan's nodes that `names` (of `fetches`) are, or are joined from."""
-        joins = self.plan.joins
-        return list(dict.fromkeys(b for name in names for b in (
-            joins[name].blocks if name not in self.plan.placement else (name,))))
+        """The plan's nodes that `names` (of `fetches`; not placeholders: the driver has those)
+        are, or are joined from."""
+        return list(dict.fromkeys(b for name in names if name not in self.placeholders for b in (
+            (name,) if self.held(name) else self.plan.joins[name].blocks)))
 
     def feeds(self, feeds: Feeds, fetches: list[str] | None = None) -> dict[str, np.ndarray]:
         """The feeds by placeholder name, each checked against the whole model's placeholder
@@ -101,11 +104,13 @@ class PlanArgs:
                     raise missing_feed(node, "the plan's workers read it (a training step runs "
                                              "each one's whole subgraph)")
             return out
-        needed = self.needed(fetches)
+        needed = set().union(*self.needed(self.pieces(fetches)), fetches)
         for node in self.required:
-            if node.name not in out and any(node.name in names for names in needed):
-                users = [f for f in fetches if any(node.name in names for names in
-                                                   needed_nodes(self.plan, [f]))]
+            if node.name not in out and node.name in needed:
+                if node.name in fetches:
+                    raise missing_feed(node, "it is fetched")
+                users = [f for f in fetches if any(
+                    node.name in names for names in needed_nodes(self.plan, self.pieces([f])))]
                 raise missing_feed(node, f"{', '.join(map(repr, users))} "
                                          f"need{'s' * (len(users) == 1)} it")
         return out
@@ -158,6 +163,9 @@ class PlanArgs:
         # The plan holds a copy of the model's graph: its node of the same name stands for it
         # (or, where the strategy holds it in pieces, their join).
         if twin_of(self.plan.graph, key) is None and key.name not in self.plan.joins:
+            if any(n.attrs.get("block", {}).get("of") == key.name
+                   for n in self.plan.graph.parameters()):
+                raise self._not_held(key.name)
             namesake = self.plan.graph[key.name] if key.name in self.plan.graph else None
             has = (f"no node '{key.name}': the node is of another graph (or the plan's "
                    f"'{self.plan.strategy}' strategy rewrote it)" if namesake is None else
@@ -165,6 +173,22 @@ class PlanArgs:
                    f"graph")
             raise GraphError(located(key, f"is a {role}, but the plan has {has}"))
         return key.name
+
+    def _not_held(self, name: str) -> GraphError:
+        where = f"Cluster ({user_source_line()})"
+        blocks = [n.name for n in self.plan.graph.parameters()
+                  if n.attrs.get("block", {}).get("of") == name]
+        if blocks:
+            return GraphError(f"{where}: the plan holds parameter '{name}' in blocks "
+                              f"({', '.join(blocks)}); plan.assemble(cluster.params()) joins "
+                              f"them")
+        if name in self.plan.placement:
+            return GraphError(f"{where}: no worker computes '{name}': the plan's "
+                              f"'{self.plan.strategy}' strategy left it out (its readers take "
+                              f"its parts directly)")
+        known = [*self.plan.placement, *self.plan.joins]
+        return GraphError(f"{where}: no node named '{name}' in the plan to fetch"
+                          f"{did_you_mean(name, known)}")
 
     def _not_a_placeholder(self, name: str) -> GraphError:
         where = f"Cluster ({user_source_line()})"

@@ -200,7 +200,8 @@ class Worker:
         if tr is not None:
             tr.add(EXECUTOR, "send", "send flush", t0, clock())
         t0 = clock()
-        out = {name: pipeline.combine(name, vs, sizes) for name, vs in got.items() if vs}
+        out = {name: pipeline.combine(self.graph[name], vs, sizes)
+               for name, vs in got.items() if vs}
         # a gradient only the update reads is averaged as the update reads it
         out.update({name: sums.mean(name) for name in sums.names()
                     if name in fetches or updater is None})
