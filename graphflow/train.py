@@ -206,13 +206,14 @@ class DataParallelTrainer(Trainer):
              progress: bool = True, log_every: int = 10) -> History:
         """`steps` mini-batches in all, each taken by whichever replica is free (lockstep
         modes: rounded up to whole rounds, `ReplicaManager.steps_to_run`)."""
+        seen = {r: len(losses) for r, losses in self.manager.record.losses.items()}
         with Progress(self.manager.steps_to_run(steps), "train", enabled=progress) as bar:
             def report(done: int, loss: float) -> None:
                 bar.update(done - bar.done, loss=loss)
             record = self.manager.fit(batches, steps, progress=report)
         self.step_count += record.steps_run
-        history = History()
-        merged = sorted(x for losses in record.losses.values() for x in losses)
+        history = History()  # (of this fit: the record keeps every fit's losses)
+        merged = sorted(x for r, losses in record.losses.items() for x in losses[seen.get(r, 0):])
         for i, (_, _, loss) in enumerate(merged):
             if (i + 1) % log_every == 0 or i == len(merged) - 1:
                 history.steps.append(i + 1)

@@ -186,3 +186,30 @@ def test_counts_and_fixed_batch_evaluation_are_checked(digits):
     plan = partition(model.graph, 1, "spatial", loss=model.loss)
     with ReplicaManager(model, plan, SGD(0.05), 2, 1, ReplicaOptions(timeout=8.0)) as rm:
         assert 0.0 <= rm.evaluate(digits.x_test[:10], digits.y_test[:10]) <= 1.0
+
+
+def test_sandblaster_stops_where_its_batches_run_out_and_says_so(digits):
+    rm = _manager(2, "sandblaster")
+    try:
+        record = rm.fit(iter(_batches(digits, 2)), 5)  # (a list would be cycled)
+    finally:
+        rm.close()
+    assert record.steps_run == record.steps_done[0] < 5
+    assert f"the batches ran out after {record.steps_run} of 5 steps" in record.notes
+
+
+def test_a_second_fit_reports_only_its_own_losses(digits):
+    from graphflow.train import DataParallelTrainer
+
+    trainer = DataParallelTrainer(gf.models.digits_lc(batch=None), SGD(0.05), replicas=2,
+                                  options=ReplicaOptions(mode="bsp", timeout=8.0))
+    try:
+        trainer.fit(_batches(digits, 8), 8, progress=False, log_every=1)
+        seen = {r: len(v) for r, v in trainer.manager.record.losses.items()}
+        again = trainer.fit(_batches(digits, 4), 4, progress=False, log_every=1)
+    finally:
+        trainer.close()
+    assert again.steps == [1, 2, 3, 4] and trainer.step_count == 12
+    # (each fit times its losses from its own start: the newest is the latest of this fit's)
+    new = [x for r, v in trainer.manager.record.losses.items() for x in v[seen.get(r, 0):]]
+    assert len(new) == 4 and again.losses[-1] == max(new)[2]

@@ -122,9 +122,11 @@ class TopKCodec(Codec):
         else:
             r += g
         k = self.k_of(r.size)
-        idx = np.argpartition(np.abs(r), r.size - k)[r.size - k:] if k < r.size \
-            else np.arange(r.size)
-        idx = np.sort(idx).astype(np.int32 if r.size < 2**31 else np.int64)
+        itype = np.int32 if r.size < 2**31 else np.int64
+        if k < r.size:
+            idx = np.sort(np.argpartition(np.abs(r), r.size - k)[r.size - k:]).astype(itype)
+        else:  # (every element: sorting 300k indices cost more than the push)
+            idx = np.arange(r.size, dtype=itype)
         val = r[idx]
         if self.feedback:
             r[idx] = 0  # residual -= what was sent
@@ -231,8 +233,9 @@ def _decode_topk(payload: dict[str, Any], n: int, dtype: Any) -> np.ndarray:
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
         raise ValueError(f"topk payload: indices out of range [0, {n}): "
                          f"min {int(idx.min())}, max {int(idx.max())}")
-    if idx.size > 1 and np.unique(idx).size != idx.size:
-        raise ValueError("topk payload: repeated indices")
+    if idx.size > 1 and not np.all(idx[1:] > idx[:-1]):  # (np.unique: 55 ms at 100k)
+        raise ValueError("topk payload: indices repeated or out of order (encode sends them "
+                         "increasing)")
     out = np.zeros(n, dtype)
     out[idx] = val
     return out

@@ -306,11 +306,15 @@ class ReplicaManager:
 
         replicas = [ClusterReplica(c, self.model.x.name, self.model.y.name)
                     for c in self.clusters if c is not None]
-        losses = self.record.losses.setdefault(0, [])
+        losses, self.record.steps_done[0] = self.record.losses.setdefault(0, []), 0
         self._t0 = next_eval = time.perf_counter()
         with Sandblaster(self._client, replicas, batches, self.options.portions) as sb:
             for i in range(steps):
-                self._last_loss = sb.step()
+                try:
+                    self._last_loss = sb.step()
+                except StopIteration:  # (an L-BFGS step takes a batch a line search)
+                    self.record.notes.append(f"the batches ran out after {i} of {steps} steps")
+                    break
                 losses.append((time.perf_counter() - self._t0, i, self._last_loss))
                 self.record.steps_done[0] = i + 1
                 if evaluate is not None and (time.perf_counter() >= next_eval or
@@ -321,7 +325,7 @@ class ReplicaManager:
                     progress(i + 1, self._last_loss)
         self.record.failures += [f"replica {e['replica']}: {e['error']}" for e in sb.log
                                  if e.get("error")]
-        self.record.steps_run = steps
+        self.record.steps_run = self.record.steps_done.get(0, 0)
         return self.record
 
     def _replica_loop(self, r: int, feed: Feed[tuple[np.ndarray, np.ndarray]]) -> None:
