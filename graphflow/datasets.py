@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from graphflow.ir import Node
     from graphflow.models import Model
 
 
@@ -103,3 +104,33 @@ def random_shift(x: np.ndarray, shift: int, rng: np.random.Generator) -> np.ndar
     for i, (dy, dx) in enumerate(offsets):
         out[i] = padded[i, :, dy:dy + h, dx:dx + w]
     return out
+
+
+def pairs(batches: Iterable[tuple[np.ndarray, np.ndarray]], x: Node | None = None,
+          y: Node | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The batches, each checked to be an (inputs, labels) pair of as many rows (at least
+    one), and with placeholders `x` and `y`, of their shapes and dtypes: a ValueError naming
+    the batch, before a worker sees it (a replica would be blamed for it).
+
+    >>> next(pairs([(np.zeros((2, 3)), np.zeros(3))]))
+    Traceback (most recent call last):
+    ...
+    ValueError: batch 0: 2 inputs but 3 labels
+    """
+    from graphflow.errors import GraphflowError
+    from graphflow.executor import checked_value
+
+    for i, batch in enumerate(batches):
+        if not isinstance(batch, tuple | list) or len(batch) != 2:
+            raise TypeError(f"batch {i} is a {type(batch).__name__}; expected an (x, y) pair "
+                            "of arrays, as graphflow.datasets.batches yields")
+        xs, ys = batch
+        if len(xs) != len(ys) or not len(xs):
+            raise ValueError(f"batch {i}: {len(xs)} inputs but {len(ys)} labels" if len(xs)
+                             != len(ys) else f"batch {i} has no rows")
+        try:
+            if x is not None and y is not None:
+                xs, ys = checked_value(x, xs), checked_value(y, ys)
+        except GraphflowError as e:
+            raise ValueError(f"batch {i}: {e}") from None
+        yield xs, ys

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from graphflow.autodiff import gradients
+from graphflow.datasets import pairs
 from graphflow.errors import count_of
 from graphflow.executor import Session
 from graphflow.models import Model
@@ -104,19 +105,6 @@ class Trainer:
         """What gives the logits of some rows with the trained parameters: here the session,
         which holds them."""
         return self.session
-
-
-def pairs(batches: Iterable[tuple[np.ndarray, np.ndarray]]
-          ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The batches, each checked to be an (inputs, labels) pair of as many rows."""
-    for i, batch in enumerate(batches):
-        if not isinstance(batch, tuple | list) or len(batch) != 2:
-            raise TypeError(f"batch {i} is a {type(batch).__name__}; expected an (x, y) pair "
-                            "of arrays, as graphflow.datasets.batches yields")
-        x, y = batch
-        if len(x) != len(y):
-            raise ValueError(f"batch {i}: {len(x)} inputs but {len(y)} labels")
-        yield x, y
 
 
 class PartitionedTrainer(Trainer):

@@ -213,3 +213,21 @@ def test_a_second_fit_reports_only_its_own_losses(digits):
     # (each fit times its losses from its own start: the newest is the latest of this fit's)
     new = [x for r, v in trainer.manager.record.losses.items() for x in v[seen.get(r, 0):]]
     assert len(new) == 4 and again.losses[-1] == max(new)[2]
+
+
+@pytest.mark.parametrize("mode", ["downpour", "bsp"])
+def test_a_bad_batch_is_named_and_the_replicas_go_on(digits, mode):
+    good = _batches(digits, 6)
+    x, y = good[1]
+    rm = _manager(2, mode)
+    try:
+        with pytest.raises(ValueError, match="batch 1: placeholder 'x' .*fed shape "
+                                             r"\(16, 1, 16, 32\), expected \(N, 1, 32, 32\)"):
+            rm.fit([good[0], (x[:, :, :16], y), *good[2:]], 4)
+        assert not rm.record.failures  # no replica was blamed, nor dropped
+        with pytest.raises(ValueError, match="batch 0 has no rows"):
+            rm.fit([(x[:0], y[:0])], 2)
+        record = rm.fit(good, 4)
+        assert record.steps_run == 4 and not record.failures
+    finally:
+        rm.close()

@@ -46,6 +46,7 @@ class Feed(Generic[B]):
         self._failed_done = 0  # steps finished by replicas that failed since
         self._returned: list[B] = []
         self.exhausted = False  # the batches ran out before `steps`
+        self.error: Exception | None = None  # what drawing a batch raised (it ended the run)
         self._last: B | None = None
         self._changed = threading.Condition()
 
@@ -91,6 +92,9 @@ class Feed(Generic[B]):
                 return self._last
             except StopIteration:
                 self.exhausted = True
+                self._changed.notify_all()
+            except Exception as e:  # a bad batch: the run ends here, the caller is told
+                self.error, self.exhausted = e, True
                 self._changed.notify_all()
         if not self.lockstep:
             self.steps = self.taken

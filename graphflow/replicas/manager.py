@@ -20,13 +20,14 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
 
+from graphflow.datasets import pairs
 from graphflow.errors import GraphflowError, count_of
 from graphflow.executor import Session
 from graphflow.models import Model
@@ -241,7 +242,8 @@ class ReplicaManager:
         if not live:
             raise GraphflowError("every replica failed in an earlier fit: "
                                  + "; ".join(self.record.failures))
-        feed = Feed(iter(batches), steps, live, o.mode, o.staleness, o.warm_start)
+        feed = Feed(pairs(batches, self.model.x, self.model.y), steps, live, o.mode,
+                    o.staleness, o.warm_start)
         if feed.planned != steps:
             self.record.notes.append(
                 f"{o.mode} runs its {len(live)} replicas in lockstep: {steps} steps rounded "
@@ -261,6 +263,8 @@ class ReplicaManager:
             if progress is not None:
                 progress(feed.taken, self._last_loss)
         self.record.steps_run = feed.total_done
+        if feed.error is not None:  # (the replicas are fine: the batch was not)
+            raise feed.error
         if feed.exhausted and feed.live:
             self.record.notes.append(f"the batches ran out after {feed.total_done} of "
                                      f"{steps} steps")
@@ -308,6 +312,8 @@ class ReplicaManager:
                     for c in self.clusters if c is not None]
         losses, self.record.steps_done[0] = self.record.losses.setdefault(0, []), 0
         self._t0 = next_eval = time.perf_counter()
+        batches = batches if isinstance(batches, Sequence) else pairs(batches, self.model.x,
+                                                                        self.model.y)
         with Sandblaster(self._client, replicas, batches, self.options.portions) as sb:
             for i in range(steps):
                 try:
