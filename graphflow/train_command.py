@@ -247,6 +247,28 @@ REPLICA_DEFAULTS = {"sync": "downpour", "allreduce": "ring", "n_fetch": 1, "n_pu
                     "staleness": 2, "warm_start": 0, "compress": None, "checkpoint_dir": None,
                     "ps_shards": 2}
 
+# the replica options each --sync mode reads; another one given is refused (it would do nothing)
+SYNC_READS = {"downpour": {"ps_shards", "n_fetch", "n_push", "warm_start", "compress",
+                           "checkpoint_dir"},
+              "bsp": {"ps_shards", "warm_start", "compress", "checkpoint_dir"},
+              "ssp": {"ps_shards", "staleness", "warm_start", "compress", "checkpoint_dir"},
+              "allreduce": {"allreduce", "warm_start"},  # (no parameter server)
+              "sandblaster": {"ps_shards", "checkpoint_dir"}}
+
+
+def _ignored_by_sync(args: argparse.Namespace) -> str | None:
+    """The first option given that --sync's mode would not read, said as an error."""
+    mode = args.sync
+    for key, default in REPLICA_DEFAULTS.items():
+        if key != "sync" and key not in SYNC_READS[mode] and getattr(args, key) != default:
+            readers = [m for m, keys in SYNC_READS.items() if key in keys]
+            return (f"--{key.replace('_', '-')} does nothing with --sync {mode}: it is for "
+                    f"--sync {' or '.join(readers)}")
+    if mode == "sandblaster" and (args.optimizer != "adagrad" or args.lr is not None):
+        return ("--optimizer and --lr do nothing with --sync sandblaster: its L-BFGS chooses "
+                "each step by a line search")
+    return None
+
 
 def conflict(args: argparse.Namespace) -> str | None:
     """`train` options that would be ignored together: an error, not a silent no-op."""
@@ -276,4 +298,4 @@ def conflict(args: argparse.Namespace) -> str | None:
                 "every step waits for every replica")
     if args.connect_timeout is not None and not args.cluster:
         return "--connect-timeout is for remote workers: it needs --cluster FILE"
-    return None
+    return _ignored_by_sync(args) if args.replicas > 1 else None

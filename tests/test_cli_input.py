@@ -1,6 +1,7 @@
 """A user's mistakes at the command line: each is a usage error (exit 2) or an error (exit 1)
 on stderr that names what was wrong and where, never a traceback or a silent no-op."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -144,3 +145,27 @@ def test_a_window_with_nothing_to_draw_is_refused(cli_here, tmp_path):
     trace.write_text("{}")
     code, _, err = cli_here("timeline", trace, "--no-png", "--window", "100:200")
     assert code == 2 and "--window picks what to draw" in err and "--last-steps" in err, err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sync", "allreduce", "--ps-shards", "3"],
+     "--ps-shards does nothing with --sync allreduce: it is for --sync downpour or bsp or ssp "
+     "or sandblaster"),
+    (["--sync", "bsp", "--n-push", "3"], "--n-push does nothing with --sync bsp"),
+    (["--sync", "ssp", "--n-fetch", "2"], "--n-fetch does nothing with --sync ssp"),
+    (["--allreduce", "tree"], "--allreduce does nothing with --sync downpour"),
+    (["--staleness", "5"], "--staleness does nothing with --sync downpour: it is for --sync ssp"),
+    (["--sync", "allreduce", "--compress", "float16"], "--compress does nothing"),
+    (["--sync", "sandblaster", "--lr", "0.1"], "--optimizer and --lr do nothing with --sync "
+                                               "sandblaster")])
+def test_a_replica_option_its_sync_mode_ignores_is_refused(args, message):
+    from graphflow.train_command import configure, conflict
+
+    parser = argparse.ArgumentParser()
+    configure(parser.add_subparsers())
+
+    def why(*extra):
+        return conflict(parser.parse_args(["train", "digits-lc", "--replicas", "2", *extra]))
+
+    assert message in why(*args)
+    assert why("--sync", "ssp", "--staleness", "5", "--compress", "float16") is None
