@@ -37,6 +37,7 @@ from graphflow.ps.client import PSClient
 from graphflow.ps.layout import Layout
 from graphflow.replicas.feed import LOCKSTEP, Feed
 from graphflow.replicas.link import MODES as PS_MODES
+from graphflow.replicas.record import Record, resume_note
 from graphflow.replicas.shards import ShardGroup
 from graphflow.runtime.cluster import Cluster
 from graphflow.runtime.clusterfile import CONNECT_TIMEOUT, load_cluster_file
@@ -104,29 +105,6 @@ class ReplicaOptions:
         if ps_host is not None and not isinstance(ps_host, str):
             raise ValueError(f"{path}: ps_host must be a string such as \"10.0.0.1\"")
         return replace(self, hosts=data["workers"], ps_host=ps_host)
-
-
-@dataclass
-class Record:
-    """What a run did: per replica losses, evaluations over time, failures; `steps_done` per
-    replica and `steps_run` in all by the last fit; `notes` for the user: shards resumed from
-    a checkpoint, steps rounded up to whole lockstep rounds."""
-
-    losses: dict[int, list[tuple[float, int, float]]] = field(default_factory=dict)  # t,step,loss
-    evals: list[tuple[float, int, float]] = field(default_factory=list)  # time, steps, acc
-    failures: list[str] = field(default_factory=list)
-    steps_done: dict[int, int] = field(default_factory=dict)
-    steps_run: int = 0
-    notes: list[str] = field(default_factory=list)
-
-
-def resume_note(shard: int, info: dict[str, Any]) -> str:
-    """What to tell the user of a shard that resumed from a checkpoint (PSClient.init's
-    "resumed" entry): "resuming shard 0 from ck/shard0-0000000003.npz (40 updates)"."""
-    note = f"resuming shard {shard} from {info['path']} ({info['updates']} updates)"
-    if "optimizer" in info:
-        note += f", with its optimizer {info['optimizer']}, not the one asked for"
-    return note
 
 
 class ReplicaManager:
