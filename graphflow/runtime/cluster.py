@@ -350,6 +350,7 @@ class Cluster:
         self.call_each("set_params", [{"values": v} for v in each])
 
     def stats(self) -> list[dict[str, Any]]:
+        self._check_idle()
         return self.call_all("stats", {})
 
     def clock_probe(self, i: int) -> float:
