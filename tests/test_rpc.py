@@ -74,9 +74,15 @@ def test_rpc_requests_sent_ahead_are_answered_in_order(server):
     with RpcClient(server.address, "w0", timeout=5.0) as c:
         ids = [c.send("echo", value=i, delay=0.05) for i in range(3)]
         assert [c.receive(rid, "echo") for rid in ids] == [0, 1, 2]
-        first, second = c.send("echo", value="dropped"), c.send("add", a=1, b=2)
-        assert c.receive(second, "add") == 3, "an earlier reply nobody asked for is skipped"
-        assert first < second
+        first, second = c.send("echo", value="kept"), c.send("add", a=1, b=2)
+        assert c.receive(second, "add") == 3
+        assert c.has_reply(first), "the reply to a pending request that came first is kept"
+        assert c.receive(first, "echo", timeout=0) == "kept"
+        assert not c.has_reply(first)
+        given_up = c.send("echo", value="dropped")
+        c.forget(given_up)
+        assert c.call("add", a=2, b=2) == 4
+        assert not c.has_reply(given_up), "a reply to a request given up on is not kept"
 
 
 def test_rpc_late_reply_is_discarded(server):
@@ -84,6 +90,7 @@ def test_rpc_late_reply_is_discarded(server):
         with pytest.raises(PeerTimeout, match="no reply from w0 to 'echo' within 0.2s"):
             c.call("echo", value="stale", delay=0.6)
         assert c.call("echo", value="fresh", timeout=5.0) == "fresh"
+        assert not c._kept, "the timed-out call's reply came and was dropped, not kept"
 
 
 SERVER = """

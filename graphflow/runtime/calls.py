@@ -77,30 +77,37 @@ class WorkerCalls:
         poller = zmq.Poller()
         for i in pending:
             poller.register(self.clients[i].socket, zmq.POLLIN)
-        while pending:
-            left = min(deadline - time.monotonic(), EXIT_CHECK)
-            ready = dict(poller.poll(max(1, int(left * 1000)))) if left > 0 else {}
-            if not ready:
-                gone = next((i for i in pending if self.ended(i)), None)
-                if gone is not None:
-                    raise self._ended(gone, method)
-                if time.monotonic() >= deadline:
-                    errors += [self._silent(i, method) for i in pending]
-                    break
-                continue
-            for i, rid in list(pending.items()):
-                if self.clients[i].socket not in ready:
+        try:
+            while pending:
+                # (a reply may have come already, while another call waited for its own)
+                ready = [i for i, rid in pending.items() if self.clients[i].has_reply(rid)]
+                if not ready:
+                    left = min(deadline - time.monotonic(), EXIT_CHECK)
+                    polled = dict(poller.poll(max(1, int(left * 1000)))) if left > 0 else {}
+                    ready = [i for i in pending if self.clients[i].socket in polled]
+                if not ready:
+                    gone = next((i for i in pending if self.ended(i)), None)
+                    if gone is not None:
+                        raise self._ended(gone, method)
+                    if time.monotonic() >= deadline:
+                        errors += [self._silent(i, method) for i in pending]
+                        break
                     continue
-                try:
-                    results[i] = self.clients[i].receive(rid, method, 0)
-                except PeerTimeout:
-                    continue  # only a late reply to an abandoned call was there
-                except RemoteError as e:
-                    if not e.remote.startswith(SECONDARY):
-                        raise self._failure(i, method, e) from e
-                    errors.append(self._failure(i, method, e))
-                del pending[i]
-                poller.unregister(self.clients[i].socket)
+                for i in ready:
+                    rid = pending[i]
+                    try:
+                        results[i] = self.clients[i].receive(rid, method, 0)
+                    except PeerTimeout:
+                        continue  # only a late reply, or another pending call's, was there
+                    except RemoteError as e:
+                        if not e.remote.startswith(SECONDARY):
+                            raise self._failure(i, method, e) from e
+                        errors.append(self._failure(i, method, e))
+                    del pending[i]
+                    poller.unregister(self.clients[i].socket)
+        finally:  # (a failed step's other replies: nobody will ask for them)
+            for i, rid in pending.items():
+                self.clients[i].forget(rid)
         if errors:
             raise next((e for e in errors if e.silent), errors[0])
         return {i: results[i] for i in sent}  # in the workers' order, not the replies'

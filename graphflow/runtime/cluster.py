@@ -104,7 +104,6 @@ class Cluster:
         self.local_workers, self.pin = local_workers or plan.parts, pin
         self._blas_limited = mode == "threads" and BLAS_LIMIT.acquire(self.local_workers)
         self.step_count = 0
-        self._streamed: deque[SentStep] | None = None  # a stream's steps in flight
         self._feed_buffers = FeedBuffers.for_mode(mode)
         # a cluster dropped without close still ends its worker processes (when collected, or
         # at the interpreter's exit); a killed driver's workers end by themselves (lifetime.py)
@@ -202,15 +201,6 @@ class Cluster:
         self._check_open()
         return self._worker_calls
 
-    def _check_idle(self) -> None:
-        """A call of the caller's while a stream's steps are in flight would take their
-        replies (the stream would then wait in vain): refused, saying so."""
-        self._check_open()
-        if self._streamed:
-            raise GraphflowError(f"{len(self._streamed)} streamed step(s) are still in flight: "
-                                 f"finish or close the stream (contextlib.closing) before "
-                                 f"another call, or call between streams")
-
     def _check_open(self) -> None:
         if self.closed:  # (its sockets are: zmq would say "Socket operation on non-socket")
             raise GraphflowError("the cluster is closed: its workers were shut down or "
@@ -230,7 +220,7 @@ class Cluster:
         """One step of every worker; returns the fetched values by node name. Without `train`
         the workers compute only what the fetches depend on, so only the placeholders those
         read must be fed (the logits need no labels); a training step needs them all."""
-        self._check_idle()
+        self._check_open()
         return self._finish_step(self._send_step(feeds, fetches, train, check_numerics))
 
     def stream(self, batches: Iterable[Feeds], fetches: Fetches | None = None,
@@ -247,6 +237,10 @@ class Cluster:
             for out in cluster.stream(batches):
                 print(out["loss"])
 
+        Other calls may come between its steps (a run of the logits on held-out data,
+        `params()`): they see the parameters after the steps already sent (up to `ahead`
+        beyond the one just yielded).
+
         A consumer that stops early leaves the steps already sent to finish when the stream
         is closed. Close it where you stop (`with contextlib.closing(cluster.stream(...))`)
         to have such a step's failure raised there: a stream left to the garbage collector
@@ -256,10 +250,9 @@ class Cluster:
         """
         if ahead < 0:
             raise ValueError(f"ahead must be >= 0, got {ahead}")
-        self._check_idle()
+        self._check_open()
         fetches = None if fetches is None else self._args.fetches(fetches)  # (once: an iterator)
         sent: deque[SentStep] = deque()
-        self._streamed = sent
         try:
             for feeds in batches:
                 sent.append(self._send_step(feeds, fetches, train=True))
@@ -268,11 +261,8 @@ class Cluster:
             while sent:
                 yield self._take_first(sent)
         finally:  # stopped early, or `batches` failed: the steps sent still update parameters
-            try:
-                while sent and not self.closed:
-                    self._take_first(sent)
-            finally:
-                self._streamed = None
+            while sent and not self.closed:
+                self._take_first(sent)
 
     def _take_first(self, sent: deque[SentStep]) -> dict[str, np.ndarray]:
         """The results of the first of the streamed steps `sent`, removed; if it failed, the
@@ -280,6 +270,9 @@ class Cluster:
         try:
             return self._finish_step(sent.popleft())
         except BaseException:
+            for step in sent:  # (their replies, when they come, are dropped)
+                for i, rid in step.requests.items():
+                    self.clients[i].forget(rid)
             sent.clear()
             raise
 
@@ -323,7 +316,7 @@ class Cluster:
     def step(self, feeds: Feeds, fetches: Fetches | None = None) -> dict[str, np.ndarray]:
         """A training step: forward, backward and each worker's parameter update; fetches
         the loss unless told otherwise."""
-        self._check_idle()
+        self._check_open()
         return self._finish_step(self._send_step(feeds, fetches, train=True))
 
     def gradients(self, feeds: Feeds) -> dict[str, np.ndarray]:
@@ -337,7 +330,7 @@ class Cluster:
         return {"loss": out[self.plan.loss], **{p: out[g] for p, g in grads.items()}}
 
     def params(self) -> dict[str, np.ndarray]:
-        self._check_idle()
+        self._check_open()
         return {k: v for r in self.call_all("get_params", {}) for k, v in r.items()}
 
     def set_params(self, values: Mapping[str, np.ndarray]) -> None:
@@ -345,12 +338,12 @@ class Cluster:
         model's: one the plan split into blocks (`fc/W` as `fc/W/part0`, ...) is split alike.
         KeyError for an unknown name, ValueError for a wrong shape, before anything is written:
         `cluster.set_params(gf.Session(model.graph).params)`."""
-        self._check_idle()
+        self._check_open()
         each = self._args.parameters(values)
         self.call_each("set_params", [{"values": v} for v in each])
 
     def stats(self) -> list[dict[str, Any]]:
-        self._check_idle()
+        self._check_open()
         return self.call_all("stats", {})
 
     def clock_probe(self, i: int) -> float:

@@ -166,6 +166,10 @@ class RpcClient:
         self._sock.routing_id = b"gf" + uuid.uuid4().bytes
         self.timeout = timeout
         self._ids = itertools.count(1)
+        # requests sent and not yet answered, and replies that came while the caller waited
+        # for another's (as a run's, called while a stream's steps are in flight)
+        self._waiting: set[int] = set()
+        self._kept: dict[int, dict[str, Any]] = {}
         self._sock.connect(address)
 
     @property
@@ -200,6 +204,7 @@ class RpcClient:
         except zmq.Again:
             raise PeerTimeout(f"{self.peer} took no request {method!r} within "
                               f"{self.timeout:g}s", self.peer, method) from None
+        self._waiting.add(rid)
         return rid
 
     @property
@@ -207,24 +212,40 @@ class RpcClient:
         """The socket replies come in on, to poll several clients at once (`zmq.Poller`)."""
         return self._sock
 
+    def has_reply(self, rid: int) -> bool:
+        """Whether the reply to `rid` came already, while the caller waited for another's
+        (so polling the socket for it would wait in vain)."""
+        return rid in self._kept
+
     def receive(self, rid: int, method: str, timeout: float | None = None) -> Any:
-        """The result of request `rid` (a `send` of `method`), waiting at most `timeout` s
-        (0: only a reply already here); replies to earlier requests still on their way are
-        dropped (their caller gave up)."""
+        """The result of request `rid` (a `send` of `method`), waiting at most `timeout` s.
+        With 0, only a look at what is here: `rid` stays pending. Otherwise a caller that
+        times out gives up on `rid`, and its reply is dropped when it comes. Replies to the
+        other pending requests that come first are kept for their own `receive`."""
         wait = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + wait
-        while True:
+        while rid not in self._kept:
             left = deadline - time.monotonic()
             if not self._sock.poll(max(0, int(left * 1000))):
+                if wait > 0:
+                    self.forget(rid)
                 raise PeerTimeout(f"no reply from {self.peer} to {method!r} within {wait:g}s",
                                   self.peer, method)
             reply = decode_message(self._sock.recv_multipart(copy=False))
-            if not isinstance(reply, dict) or reply.get("id") != rid:
-                continue  # a late reply to a call that already timed out
-            if reply.get("ok"):
-                return reply.get("result")
-            remote = str(reply.get("error"))
-            raise RemoteError(f"{self.peer}: {method!r} failed: {remote}", self.peer, remote)
+            got = reply.get("id") if isinstance(reply, dict) else None
+            if got in self._waiting:  # (else a late reply to a call given up on)
+                self._kept[got] = reply
+        reply = self._kept.pop(rid)
+        self._waiting.discard(rid)
+        if reply.get("ok"):
+            return reply.get("result")
+        remote = str(reply.get("error"))
+        raise RemoteError(f"{self.peer}: {method!r} failed: {remote}", self.peer, remote)
+
+    def forget(self, rid: int) -> None:
+        """Give up on request `rid`: its reply, kept or still to come, is dropped."""
+        self._waiting.discard(rid)
+        self._kept.pop(rid, None)
 
     def close(self) -> None:
         """Close the socket (idempotent)."""
