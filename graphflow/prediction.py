@@ -13,6 +13,7 @@ from graphflow.costmodel import CostModel, Link, kernels
 from graphflow.ir import SOURCE_OPS, users_of
 from graphflow.models import Model
 from graphflow.partitioners import Plan, partition
+from graphflow.runtime import batchjoin
 from graphflow.runtime.backlog import early_updates, weight_groups
 from graphflow.runtime.cores import blas_threads
 from graphflow.runtime.gradients import fused_updates
@@ -164,6 +165,8 @@ def best_microbatches(plan: Plan, batch: int, repeats: int, schedule: str = "1f1
         return 1, {}
     try:
         check_linear([(t.key, t.src, t.dst) for t in plan.transfers])
+        if plan.loss is not None:  # a loss no micro-batch can weigh (batchjoin.py)
+            batchjoin.loss_join(plan.graph, batchjoin.kinds(plan.graph), plan.loss)
     except ValueError:
         return 1, {}
     for b in sorted({batch, *(largest_microbatch(batch, m) for m in options)}):

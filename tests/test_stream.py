@@ -13,6 +13,7 @@ import pytest
 import graphflow as gf
 from graphflow.partitioners import partition
 from graphflow.runtime import Cluster, WorkerFailed
+from graphflow.runtime.calls import reply_grace
 from graphflow.runtime.worker import Worker
 from tests.spies import fail_step
 
@@ -132,8 +133,12 @@ def test_a_killed_worker_in_a_stream_is_named_within_the_timeout():
     data = batches(1)[0]
     with Cluster(plan, timeout=60) as warm:  # compile the kernels into Numba's disk cache
         warm.step(data)
-    with Cluster(plan, mode="processes", optimizer=SGD, timeout=timeout) as cluster:
+    # the first step of fresh processes loads every kernel: slow on a busy machine, so
+    # given a minute; the driver's wait on the later ones is `timeout`'s
+    with Cluster(plan, mode="processes", optimizer=SGD, timeout=60) as cluster:
         cluster.step(data)
+        for client in cluster.clients:
+            client.timeout = timeout + reply_grace(timeout)
         killed = {}
 
         def feed():

@@ -69,8 +69,9 @@ class WorkerCalls:
         process that ended, within a second).
 
         A worker that fails on its own (a kernel, a feed) is reported at once; its peers, told
-        by it, abandon the step too (PeerFailed). Otherwise a silent worker is named before the
-        peers that timed out waiting for it."""
+        by it, abandon the step too (PeerFailed). Otherwise a worker whose process ended is
+        named first (even one that answered: its peers waited for what it had still to send),
+        then a silent worker, before the peers that timed out waiting for it."""
         deadline = time.monotonic() + max(self.clients[i].timeout for i in sent)
         pending = dict(sent)
         results, errors = {}, []
@@ -86,8 +87,7 @@ class WorkerCalls:
                     polled = dict(poller.poll(max(1, int(left * 1000)))) if left > 0 else {}
                     ready = [i for i in pending if self.clients[i].socket in polled]
                 if not ready:
-                    gone = next((i for i in pending if self.ended(i)), None)
-                    if gone is not None:
+                    if (gone := self._gone()) is not None:
                         raise self._ended(gone, method)
                     if time.monotonic() >= deadline:
                         errors += [self._silent(i, method) for i in pending]
@@ -108,9 +108,16 @@ class WorkerCalls:
         finally:  # (a failed step's other replies: nobody will ask for them)
             for i, rid in pending.items():
                 self.clients[i].forget(rid)
-        if errors:
+        if errors:  # (a peer that died after answering is why the others waited in vain)
+            if (gone := self._gone()) is not None:
+                raise self._ended(gone, method)
             raise next((e for e in errors if e.silent), errors[0])
         return {i: results[i] for i in sent}  # in the workers' order, not the replies'
+
+    def _gone(self) -> int | None:
+        """A worker whose process has ended (any: one that died after answering holds up
+        its peers' next receive), or None."""
+        return next((i for i in range(len(self.clients)) if self.ended(i)), None)
 
     def _failure(self, i: int, method: str, e: PeerTimeout | RemoteError) -> WorkerFailed:
         if isinstance(e, PeerTimeout):

@@ -96,6 +96,8 @@ class Cluster:
         check_pipeline(plan, microbatches, schedule)
         self.microbatches, self.schedule = int(microbatches), schedule
         self._args = PlanArgs(plan)
+        # (a loss that is no mean or sum over the batch trains without micro-batches only)
+        self._loss_join = self._args.loss_join() if microbatches > 1 else "mean"
         self.names = [worker_name(i) for i in range(plan.parts)]
         self.context = zmq.Context.instance()
         self._local = LocalWorkers(mode, uuid.uuid4().hex[:8], self.context)
@@ -154,7 +156,8 @@ class Cluster:
         self._greet()
         loads = [{"index": i, "graph": graph_to_dict(w.graph), "grads": self.plan.grads,
                   "data_bind": self._data_bind(i, c), "optimizer": dict(optimizer or {}),
-                  "peer_timeout": self.timeout, "stages": self.plan.parts}
+                  "peer_timeout": self.timeout, "stages": self.plan.parts,
+                  "loss_join": self._loss_join}
                  for i, (w, c) in enumerate(zip(self.plan.workers, self.control, strict=True))]
         data = self.call_each("load", loads)
         self.call_all("connect", {"peers": dict(zip(self.names, data, strict=True))})
@@ -299,8 +302,8 @@ class Cluster:
                 "feeds": self._feed_buffers.cut(self.plan, step, i, checked), "fetches": wanted[i],
                 "step": step.number, "train": train, "microbatches": self.microbatches,
                 "check_numerics": check_numerics or self.check_numerics,
-                "schedule": self.schedule, "rows": rows,
-                "only": only[i]})
+                "schedule": self.schedule, "rows": rows, "only": only[i],
+                "joins": self._args.joins(wanted[i]) if self.microbatches > 1 else None})
         self.step_count += 1
         return step
 

@@ -240,15 +240,3 @@ def split_batch(name: str, value: np.ndarray, parts: int) -> list[np.ndarray]:
         raise ValueError(f"feed '{name}' of shape {value.shape}: its batch cannot make "
                          f"{parts} micro-batches")
     return np.split(value, np.cumsum(microbatch_rows(len(value), parts))[:-1])
-
-
-def combine(node: Node, values: list[np.ndarray], rows: list[int]) -> np.ndarray:
-    """A fetched value over micro-batches: joined along the node's batch axis (its symbolic
-    dim: the last of an (H, W, C, N) activation); without one, averaged, each micro-batch
-    weighted by its rows: a mean over the batch (the loss) or a value the batch does not
-    change (a parameter). (A sum over the batch would come out as its mean.)"""
-    if len(values) == 1:
-        return values[0]
-    if None in node.shape:
-        return np.concatenate(values, axis=node.shape.index(None))
-    return np.asarray(np.average(values, axis=0, weights=rows), dtype=values[0].dtype)

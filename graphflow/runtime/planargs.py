@@ -17,6 +17,7 @@ graphflow.errors.MissingFeedError: placeholder 'y' (...): is not fed, ...
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from graphflow.errors import GraphError, described, did_you_mean, located
 from graphflow.executor import checked_value, missing_feed
 from graphflow.init import block_of
 from graphflow.ir import Node, twin_of, user_source_line
-from graphflow.runtime import pipeline
+from graphflow.runtime import batchjoin, pipeline
 from graphflow.runtime.prune import needed_nodes
 
 if TYPE_CHECKING:  # (a worker process starts without the partitioners)
@@ -126,6 +127,23 @@ class PlanArgs:
         rows = len(np.asarray(feeds[batched[0]]))
         pipeline.microbatch_rows(rows, microbatches)
         return rows
+
+    @cached_property
+    def kinds(self) -> dict[str, str]:
+        """How each node of the plan's graph reads the batch (runtime/batchjoin.py)."""
+        return batchjoin.kinds(self.plan.graph)
+
+    def joins(self, names: Iterable[str]) -> dict[str, str]:
+        """How each of `names`, fetched with micro-batches, joins over them; GraphflowError,
+        naming it, for one that cannot."""
+        return batchjoin.joins(self.plan.graph, self.kinds, names)
+
+    def loss_join(self) -> str:
+        """How the loss weighs each micro-batch's gradients: "mean" or "sum" (ValueError for
+        another loss: it cannot train with micro-batches)."""
+        if self.plan.loss is None:
+            return "mean"
+        return batchjoin.loss_join(self.plan.graph, self.kinds, self.plan.loss)
 
     def parameters(self, values: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
         """Each worker's part of `values`, by `Cluster.params()`'s names or the model's: a

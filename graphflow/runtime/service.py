@@ -141,13 +141,13 @@ class WorkerService:
 
     def load(self, index: int, graph: dict[str, Any], grads: Mapping[str, str],
              data_bind: str, optimizer: Mapping[str, Any] | None = None,
-             peer_timeout: float = 30.0, stages: int = 1) -> str:
+             peer_timeout: float = 30.0, stages: int = 1, loss_join: str = "mean") -> str:
         """Take this worker's subgraph; bind its data endpoint; return the endpoint address."""
         if self.worker is not None:
             self.worker.close()
         endpoint = Endpoint(worker_name(index), data_bind, self.context, peer_timeout)
         self.worker = Worker(index, graph_from_dict(graph), endpoint, grads,
-                             make_optimizer(optimizer), peer_timeout, stages)
+                             make_optimizer(optimizer), peer_timeout, stages, loss_join)
         self.worker.trace = self.trace
         self._silent = None
         if self.own_gc:
@@ -230,7 +230,8 @@ class WorkerService:
     def step(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str], step: int,
              train: bool = True, check_numerics: bool = False, microbatches: int = 1,
              schedule: str = "1f1b", rows: int | None = None,
-             only: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+             only: Sequence[str] | None = None,
+             joins: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
         started = clock()
         worker, link = self._loaded(), self.link if train else None
         if self._silent is not None:
@@ -239,7 +240,7 @@ class WorkerService:
             link.before_step(step)
         try:
             out = worker.run_step(feeds, list(fetches), step, train, check_numerics,
-                                  microbatches, schedule, rows, only)
+                                  microbatches, schedule, rows, only, joins)
         except PeerTimeout as e:  # a peer that sent nothing for `timeout` is dead or hung
             self._silent = f"step {step} waited in vain: {e}"
             raise

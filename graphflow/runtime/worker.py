@@ -23,7 +23,7 @@ from graphflow.init import initial_value
 from graphflow.ir import Graph, Node, steps_to_send, users_of
 from graphflow.ops import aligned, packed_gemm, small_gemm
 from graphflow.ops.registry import REGISTRY
-from graphflow.runtime import pipeline
+from graphflow.runtime import batchjoin, pipeline
 from graphflow.runtime.backlog import Backlog, early_updates, weight_groups
 from graphflow.runtime.gradients import GradientSums, Updater, fused_gradients
 from graphflow.runtime.mailbox import Mailbox, StepFailed, worker_name
@@ -42,7 +42,7 @@ class _Run:
     values: dict[Node, np.ndarray]
     pending_users: dict[Node, int]
     into: dict[Node, np.ndarray] = field(default_factory=dict)
-    seed_scale: float = 1.0  # the micro-batch's weight (see `pipeline.microbatch_rows`)
+    seed_scale: float = 1.0  # the micro-batch's weight (`batchjoin.seed_scale`)
     # (a fused gradient node, its inputs) -> whether its kernel ran the update (`_fused_update`)
     update: Callable[[Node, list[np.ndarray]], bool] | None = None
 
@@ -52,8 +52,9 @@ class Worker:
 
     def __init__(self, index: int, graph: Graph, endpoint: Endpoint, grads: Mapping[str, str],
                  optimizer: Updater | None = None, timeout: float = 30.0,
-                 stages: int = 1) -> None:
+                 stages: int = 1, loss_join: str = "mean") -> None:
         self.index, self.graph = index, graph
+        self.loss_join = loss_join  # how the loss reads the batch: runtime/batchjoin.py
         self.timeout = timeout
         self.optimizer = optimizer
         self.params = {p.name: initial_value(p.name, p.attrs, graph.seed)
@@ -108,29 +109,30 @@ class Worker:
     def run_step(self, feeds: Mapping[str, np.ndarray], fetches: list[str], step: int,
                  train: bool = True, check_numerics: bool = False, microbatches: int = 1,
                  schedule: str = "1f1b", rows: int | None = None,
-                 only: Collection[str] | None = None) -> dict[str, np.ndarray]:
+                 only: Collection[str] | None = None,
+                 joins: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
         """Run the subgraph once per micro-batch, in the order of the pipeline schedule; with
         `train`, update the parameters from the gradients averaged over the micro-batches.
         With `only` (a run that does not train: runtime/prune.py), just the nodes so named,
         a micro-batch after another.
 
-        Fetched scalars and gradients are averaged over micro-batches (weighted by their
-        rows: `rows` is the whole batch's), other values joined along the batch axis. A failed
-        step is abandoned by its peers too (PeerFailed), at once.
+        Each fetch is joined over the micro-batches as `joins` says (runtime/batchjoin.py;
+        `rows` is the whole batch's). A failed step is abandoned by its peers too
+        (PeerFailed), at once.
         """
         try:
             self.mail.begin(step)
             with packed_gemm.using(self.packed):
                 return self._run_step(feeds, fetches, step, train, check_numerics, microbatches,
-                                      schedule, rows, only)
+                                      schedule, rows, only, joins or {})
         except Exception as e:
             self.mail.abort_peers(f"{type(e).__name__}: {e}")  # their waits for us end now
             raise
 
     def _run_step(self, feeds: Mapping[str, np.ndarray], fetches: list[str], step: int,
                   train: bool, check_numerics: bool, microbatches: int,
-                  schedule: str, rows: int | None, only: Collection[str] | None
-                  ) -> dict[str, np.ndarray]:
+                  schedule: str, rows: int | None, only: Collection[str] | None,
+                  joins: Mapping[str, str]) -> dict[str, np.ndarray]:
         sizes = pipeline.microbatch_rows(rows, microbatches) if rows else [1] * microbatches
         phases, counts = self.phases, self.user_counts
         if only is not None:
@@ -179,8 +181,8 @@ class Worker:
                     if self.mail.arrived(self.b_recvs, tag):
                         break
                     self._weight_group(backlog, group, keep, got, sums, w_tag, check_numerics)
-            run = runs.setdefault(mb, _Run({}, dict(counts),
-                                           seed_scale=microbatches * sizes[mb] / sum(sizes)))
+            run = runs.setdefault(mb, _Run({}, dict(counts), seed_scale=batchjoin.seed_scale(
+                self.loss_join, sizes, mb)))
             if microbatches == 1 and not check_numerics:  # its gradients are final here
                 run.update = self._fused_update(sums, updater, fetches, run.pending_users)
             self._dataflow(phases[phase], run, {k: v[mb] for k, v in parts.items()}, keep,
@@ -200,7 +202,7 @@ class Worker:
         if tr is not None:
             tr.add(EXECUTOR, "send", "send flush", t0, clock())
         t0 = clock()
-        out = {name: pipeline.combine(self.graph[name], vs, sizes)
+        out = {name: batchjoin.join(self.graph[name], joins.get(name, ""), vs, sizes)
                for name, vs in got.items() if vs}
         # a gradient only the update reads is averaged as the update reads it
         out.update({name: sums.mean(name) for name in sums.names()
