@@ -85,6 +85,10 @@ class Float16Codec(Codec):
 class TopKCodec(Codec):
     """Send only the `fraction` of elements largest in magnitude (at least one), as indices
     and values; with `feedback` the rest is kept per name and added to the next gradient.
+    `fraction` is a fraction, not a percentage: 0.01 sends 1%, and 1 sends every element
+    (no compression: the payload is the dense gradient, as "none" sends it). Where the
+    indices would cost more bytes than the zeros they leave out (more than about half the
+    elements), the selected elements go dense too, zeros elsewhere.
 
         >>> c = TopKCodec(0.5)
         >>> c.encode("w", np.array([1.0, 0.1], np.float32))["idx"]
@@ -123,15 +127,21 @@ class TopKCodec(Codec):
             r += g
         k = self.k_of(r.size)
         itype = np.int32 if r.size < 2**31 else np.int64
-        if k < r.size:
-            idx = np.sort(np.argpartition(np.abs(r), r.size - k)[r.size - k:]).astype(itype)
-        else:  # (every element: sorting 300k indices cost more than the push)
-            idx = np.arange(r.size, dtype=itype)
-        val = r[idx]
+        if k == r.size:  # every element ("topk:1"): nothing to select, nothing left over
+            self.residual.pop(name, None)
+            return self._count(g, {"kind": "none", "data": r})
+        idx = np.sort(np.argpartition(np.abs(r), r.size - k)[r.size - k:]).astype(itype)
+        if k * (idx.itemsize + r.itemsize) > r.nbytes:
+            # the indices would cost more than the zeros they leave out: send it dense (the
+            # same decoded gradient, bit for bit)
+            payload: dict[str, Any] = {"kind": "none", "data": np.zeros_like(r)}
+            payload["data"][idx] = r[idx]
+        else:
+            payload = {"kind": "topk", "idx": idx, "val": r[idx], "size": int(r.size)}
         if self.feedback:
             r[idx] = 0  # residual -= what was sent
             self.residual[name] = r
-        return self._count(g, {"kind": "topk", "idx": idx, "val": val, "size": int(r.size)})
+        return self._count(g, payload)
 
     def residual_norm(self) -> float:
         """The L2 norm of everything not yet sent, over all names."""
