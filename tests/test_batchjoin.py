@@ -54,6 +54,11 @@ def test_every_node_is_classified_by_how_it_reads_the_batch():
             gf.mul(total, total, name="sum_squared").name: MIXED,
             gf.square(total, name="square_of_sum").name: MIXED,
             gf.exp(gf.reduce_sum(g["fc/W"]), name="of_params").name: "same",
+            # a row that reads a batch statistic: each micro-batch's statistic differs
+            gf.sub(w, gf.reduce_mean(w, 0, keepdims=True), name="centred").name: MIXED,
+            gf.relu(g["centred"], name="after_centred").name: MIXED,
+            gf.softmax(gf.transpose(w, (1, 0)), name="softmax_over_rows").name: MIXED,
+            gf.softmax(w, name="softmax_per_row").name: "rows",
         }
         loss = gf.softmax_cross_entropy(w, gf.placeholder("y", (None,), "int32"), name="xent")
         grads = gf.gradients(loss, [g["fc/W"], x])
@@ -129,3 +134,14 @@ def test_a_loss_that_is_no_mean_or_sum_cannot_train_with_micro_batches():
     assert best_microbatches(plan, 64, repeats=1) == (1, {})
     with Cluster(plan, optimizer=SGD, timeout=30) as whole:  # without micro-batches it trains
         assert np.isfinite(whole.step(batch(4))["worst"])
+
+
+def test_a_model_with_batch_statistics_cannot_train_with_micro_batches():
+    def centred(pred, t):  # each micro-batch would be centred on its own mean
+        return gf.mse(pred - gf.reduce_mean(pred, 0, keepdims=True), t, name="centred_mse")
+
+    g, loss = regression(centred)
+    plan = partition(g, 2, "layerwise", loss=loss)
+    with pytest.raises(ValueError, match="mse 'centred_mse' .* is neither"):
+        Cluster(plan, timeout=30, microbatches=2)
+    assert best_microbatches(plan, 64, repeats=1) == (1, {})

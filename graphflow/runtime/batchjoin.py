@@ -47,10 +47,14 @@ def kinds(graph: Graph) -> dict[str, str]:
 
 def _kind(node: Node, ins: list[str]) -> str:
     batched = None in node.shape
+    if MIXED in ins:  # (a gradient of it too: each micro-batch's differs from the batch's)
+        return MIXED
     if is_seed(node) or any(k in ("grad", "grad_rows") for k in ins):
         return "grad_rows" if batched else "grad"  # (linear in the seed)
-    if batched or node.op == "placeholder":
+    if node.op == "placeholder":
         return "rows"
+    if batched:  # rows, unless a row reads other rows: a batch statistic, or a cut across
+        return "rows" if set(ins) <= {"rows", "same"} and not _across_rows(node) else MIXED
     varying = [k for k in ins if k != "same"]
     if not varying:
         return "same"
@@ -69,6 +73,25 @@ def _kind(node: Node, ins: list[str]) -> str:
     if kind in ("mean", "sum") and op in LINEAR:
         return kind
     return kind if kind == "max" and op in SELECTING else MIXED
+
+
+def _across_rows(node: Node) -> bool:
+    """Whether a batched op reads across its input's rows: a softmax over the batch axis, or
+    a concat, slice or pad along it (each micro-batch's would be cut or ordered otherwise)."""
+    x = node.inputs[0] if node.inputs else None
+    if x is None or None not in x.shape:
+        return False
+    axis, last = x.shape.index(None), len(x.shape) - 1
+    if node.op in ("softmax", "log_softmax"):
+        return axis == last
+    if node.op == "concat":
+        return int(node.attrs["axis"]) % len(x.shape) == node.shape.index(None)
+    if node.op == "slice":
+        begin, end = node.attrs["begin"], node.attrs["end"]
+        return axis < len(begin) and (begin[axis] != 0 or end[axis] is not None)
+    if node.op == "pad":
+        return tuple(node.attrs["pads"][axis]) != (0, 0)
+    return False
 
 
 def _over_batch(node: Node) -> bool:
