@@ -2,7 +2,9 @@
 
 The forward nodes in topological order are cut into `parts` contiguous stages that minimise the
 largest stage cost, where a forward node's cost includes the backward nodes that belong with it
-(`grad/<name>/...`). Parameters go with their first consumer, so their gradients stay local.
+(`grad/<name>/...`). Only what the input flows through is cut; what only parameters feed (a
+weight penalty) goes to the first stage that reads it. Parameters go with their first
+consumer, so their gradients stay local.
 
 >>> import graphflow as gf
 >>> from graphflow.costmodel import CostModel
@@ -65,6 +67,15 @@ def unit_costs(graph: Graph, cost: CostModel) -> tuple[list[Node], list[float]]:
     return units, [total[u] for u in units]
 
 
+def _fed(graph: Graph) -> set[Node]:
+    """The nodes some placeholder reaches."""
+    out: set[Node] = set()
+    for n in graph.toposort():
+        if n.op == "placeholder" or any(x in out for x in n.inputs):
+            out.add(n)
+    return out
+
+
 def place(graph: Graph, parts: int,
           cost: CostModel | None = None) -> tuple[Graph, dict[str, int]]:
     """Contiguous cost-balanced stages; backward nodes with their forward node, parameters with
@@ -73,10 +84,17 @@ def place(graph: Graph, parts: int,
     if parts < 1:
         raise ValueError(f"parts must be >= 1, got {parts}")
     units, costs = unit_costs(graph, cost or CostModel.default())
-    stage = dict(zip(units, balanced_stages(costs, parts)))
+    fed = _fed(graph)  # the stages cut what the input flows through
+    flowing = [(u, c) for u, c in zip(units, costs, strict=True) if u in fed]
+    stage = dict(zip([u for u, _ in flowing], balanced_stages([c for _, c in flowing], parts)))
     anchor = anchors(graph)
-    out = {n.name: stage[a] for n, a in anchor.items()}
     use = users(graph)
-    for p in graph.parameters():
-        out[p.name] = out[use[p][0].name] if use[p] else 0
+    for u in reversed(units):  # what only parameters feed (a weight penalty): where it is read
+        if u not in stage:  # (a stage before would send forward values back up the pipeline)
+            read = [stage[anchor[x]] for x in use[u] if anchor.get(x, u) is not u
+                    and anchor[x] in stage]
+            stage[u] = min(read, default=0)
+    out = {n.name: stage[a] for n, a in anchor.items()}
+    for p in graph.parameters():  # with its first stage: its value flows down the pipeline
+        out[p.name] = min((out[x.name] for x in use[p]), default=0)
     return graph, complete(graph, out, param_gradients(graph))

@@ -149,6 +149,30 @@ NEEDS_METIS = pytest.mark.skipif(mincut.pymetis is None,
                                  reason="pymetis is not installed (the dev extra installs it)")
 
 
+@pytest.mark.parametrize("parts", [2, 3])
+def test_layerwise_puts_a_weight_penalty_where_it_is_read_so_the_plan_pipelines(parts):
+    """What only parameters feed (an L2 penalty) is no pipeline stage of its own: placed
+    early, its value went back up the pipeline, and micro-batches were refused."""
+    import numpy as np
+
+    from graphflow.runtime import Cluster
+
+    with gf.Graph() as g:
+        x, y = gf.placeholder("x", (None, 6)), gf.placeholder("y", (None,), "int32")
+        logits = gf.layers.dense(gf.relu(gf.layers.dense(x, 8, name="fc1")), 5, name="fc2")
+        penalty = gf.reduce_sum(gf.square(g["fc2/W"]), name="penalty")
+        loss = gf.add(gf.softmax_cross_entropy(logits, y), 0.01 * penalty, name="total")
+    plan = gf.partition(g, parts, "layerwise", loss=loss)
+    assert plan.placement["penalty"] == plan.placement["total"] == parts - 1
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((8, 6)).astype(np.float32),
+             "y": rng.integers(0, 5, 8).astype(np.int32)}
+    with Cluster(plan, timeout=30) as whole, Cluster(plan, timeout=30, microbatches=2) as piped:
+        want, got = whole.gradients(feeds), piped.gradients(feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.parametrize("metis", [pytest.param(True, marks=NEEDS_METIS), False])
 @pytest.mark.parametrize("workload", sorted(BUILDERS))
 def test_mincut_respects_the_balance_constraint(workloads, workload, metis, monkeypatch):
