@@ -3,7 +3,7 @@
 The forward nodes in topological order are cut into `parts` contiguous stages that minimise the
 largest stage cost, where a forward node's cost includes the backward nodes that belong with it
 (`grad/<name>/...`). Only what the input flows through is cut; what only parameters feed (a
-weight penalty) goes to the first stage that reads it. Parameters go with their first
+weight penalty) goes to the first stage that reads it. Parameters go with their earliest
 consumer, so their gradients stay local.
 
 >>> import graphflow as gf

@@ -119,11 +119,12 @@ class Plan:
 
     def assemble(self, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Values keyed by plan parameter (e.g. gradients or parameters fetched from workers)
-        -> keyed by the original parameter, joining the blocks of split parameters."""
+        -> keyed by the original parameter, joining the blocks of split parameters; other
+        keys (the "loss" of `Cluster.gradients`) as they are."""
         out: dict[str, np.ndarray] = {}
         blocks: dict[str, list[tuple[dict[str, Any], np.ndarray]]] = {}
         for name, value in values.items():
-            spec = self.graph[name].attrs.get("block")
+            spec = self.graph[name].attrs.get("block") if name in self.graph else None
             if spec is None:
                 out[name] = value
             else:

@@ -282,3 +282,33 @@ def test_calls_between_a_streams_steps_see_the_steps_sent_before_them(model):
                 np.testing.assert_allclose(seen["params"][name], value, rtol=1e-5, atol=1e-6)
             assert len(seen["stats"]) == 2
         np.testing.assert_allclose(losses, want, rtol=1e-5)  # the stream was not disturbed
+
+
+def test_a_spatial_plans_gradients_assemble_into_the_models_with_the_loss_kept():
+    with gf.Graph(seed=2) as g:  # (its loss is not named "loss", the gradients' key)
+        x, y = gf.placeholder("x", (None, 12)), gf.placeholder("y", (None,), "int32")
+        h = gf.relu(gf.layers.dense(x, 16, name="fc1"))
+        xent = gf.softmax_cross_entropy(gf.layers.dense(h, 6, name="fc2"), y, name="xent")
+    plan = partition(g, 2, "spatial", loss=xent)
+    assert any("block" in n.attrs for n in plan.graph.parameters()), "split parameters"
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((4, 12)).astype(np.float32),
+             "y": rng.integers(0, 6, 4).astype(np.int32)}
+    with Cluster(plan, timeout=60) as cluster:
+        got = plan.assemble(cluster.gradients(feeds))
+    grads = gf.gradients(xent, g.parameters())
+    want = gf.Session(g).run([xent, *grads.values()], feeds)
+    assert sorted(got) == sorted(["loss", *grads])
+    np.testing.assert_allclose(got["loss"], want[0], rtol=1e-5)
+    for (name, _), value in zip(grads.items(), want[1:], strict=True):
+        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_gradients_refuse_a_parameter_named_like_the_loss_key():
+    with gf.Graph() as g:
+        x = gf.placeholder("x", (None, 3))
+        w = gf.parameter("loss", (3, 2))
+        total = gf.reduce_mean(gf.matmul(x, w), name="total")
+    with Cluster(partition(g, 2, "layerwise", loss=total), timeout=30) as cluster:
+        with pytest.raises(gf.GraphflowError, match="a parameter is named 'loss'"):
+            cluster.gradients({"x": np.ones((2, 3), np.float32)})

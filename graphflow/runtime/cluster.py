@@ -329,6 +329,9 @@ class Cluster:
                                  "loss=..., as gf.partition(model.graph, parts, strategy, "
                                  "loss=model.loss)")
         grads = self.plan.grads
+        if "loss" in grads:  # (the key of the loss)
+            raise GraphflowError("a parameter is named 'loss': rename it to get its gradient "
+                                 "from gradients(), or run() its gradient node")
         out = self.run(feeds, [self.plan.loss, *grads.values()])
         return {"loss": out[self.plan.loss], **{p: out[g] for p, g in grads.items()}}
 
