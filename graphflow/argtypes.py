@@ -53,6 +53,28 @@ seconds = positive(" seconds")
 learning_rate = positive()
 
 
+class UsageError(ValueError):
+    """A bad combination of options (or of options and the files they name), found before
+    any work starts: the command says `graphflow CMD: error: ...` and exits 2, as argparse
+    does for a bad value."""
+
+
+def seconds_or_zero(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0 (0: never).
+
+        >>> seconds_or_zero("0"), seconds_or_zero("30")
+        (0.0, 30.0)
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
+    if not 0 <= value < float("inf"):  # (NaN too: it would never checkpoint, silently)
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds (0: never) and finite, "
+                                         f"got {text}")
+    return value
+
+
 def microbatch_count(text: str) -> int | str:
     """An argparse type: a micro-batch count >= 1, or "auto" (the best predicted).
 
@@ -103,27 +125,61 @@ def output_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"'{text}' is a directory; give a file name")
     if path.exists() and not os.access(path, os.W_OK):
         raise argparse.ArgumentTypeError(f"'{text}' exists and is not writable")
-    parent = path.absolute().parent
+    _check_writable_parent(text, path.absolute().parent)
+    return path
+
+
+def directory(text: str) -> Path:
+    """An argparse type: a directory to write in, checked before the run: an existing
+    directory, or one that can be made (the nearest existing parent a writable directory).
+
+        >>> directory("/tmp/graphflow-checkpoints")
+        PosixPath('/tmp/graphflow-checkpoints')
+    """
+    path = Path(text)
+    if not text:
+        raise argparse.ArgumentTypeError("an empty directory name")
+    if path.exists() and not path.is_dir():  # (else "[Errno 20] Not a directory" mid-run)
+        raise argparse.ArgumentTypeError(f"'{text}' is a file, not a directory")
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"the directory '{text}' is not writable")
+        return path
+    _check_writable_parent(text, path.absolute().parent)
+    return path
+
+
+def _check_writable_parent(text: str, parent: Path) -> None:
+    """ArgumentTypeError unless the nearest existing one of `parent` and its parents is a
+    writable directory (writers make the missing ones)."""
     while not parent.exists() and not parent.is_symlink():
         parent = parent.parent
     if not parent.is_dir():
         raise argparse.ArgumentTypeError(f"'{text}': '{parent}' is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"'{text}': the directory '{parent}' is not writable")
-    return path
 
 
 def listen_address(text: str) -> str:
-    """An argparse type: an address to bind; a tcp port must be 1-65535 or `*` (zmq would
-    wrap 70000 round to 4464 and listen where no cluster file can name it).
+    """An argparse type: an address another process can reach, to bind: tcp://HOST:PORT
+    (HOST `*` for every interface; a port 1-65535, or `*` for any: zmq would wrap 70000 round
+    to 4464 and listen where no cluster file can name it) or ipc:///PATH.
 
         >>> listen_address("tcp://127.0.0.1:5555")
         'tcp://127.0.0.1:5555'
     """
-    if text.startswith("tcp://"):
-        port = text.rpartition(":")[2]
-        if port != "*" and not (port.isdigit() and 1 <= int(port) <= 65535):
-            raise argparse.ArgumentTypeError(
-                f"'{text}': the port must be a number from 1 to 65535 (or *), got '{port}'")
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme not in ("tcp", "ipc"):
+        raise argparse.ArgumentTypeError(f"'{text}': expected tcp://HOST:PORT or ipc:///PATH")
+    if scheme == "ipc":
+        if not rest:
+            raise argparse.ArgumentTypeError(f"'{text}': no path, expected ipc:///PATH")
+        return text
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host:
+        raise argparse.ArgumentTypeError(f"'{text}': expected tcp://HOST:PORT (HOST: an "
+                                         "address of this machine, or * for all of them)")
+    if port != "*" and not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise argparse.ArgumentTypeError(
+            f"'{text}': the port must be a number from 1 to 65535 (or *), got '{port}'")
     return text
-

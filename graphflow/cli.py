@@ -26,7 +26,7 @@ from math import prod
 from typing import TYPE_CHECKING
 
 from graphflow import train_command
-from graphflow.argtypes import count, listen_address, non_negative
+from graphflow.argtypes import UsageError, count, listen_address, non_negative
 from graphflow.errors import GraphflowError
 from graphflow.runtime.heap import keep_freed_memory
 from graphflow.train_command import MODEL_HELP
@@ -66,6 +66,7 @@ def _worker_arguments(w: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from graphflow.bench import SUITES
     from graphflow.partitioners import STRATEGIES
     from graphflow.prediction import add_estimate_option
 
@@ -105,9 +106,8 @@ def _parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks: `graphflow bench SUITE --help`",
                        epilog="example: graphflow bench speedup --workers 1,2")
-    b.add_argument("suite", choices=["speedup", "convergence", "ps", "sync"],
-                   help="speedup: DistBelief's Fig. 3 here; convergence: its Fig. 4; "
-                        "ps: parameter-server pushes per second; sync: PS vs allreduce")
+    b.add_argument("suite", choices=list(SUITES),  # (main() lists them when none is given)
+                   help="; ".join(f"{name}: {what}" for name, what in SUITES.items()))
     b.add_argument("args", nargs=argparse.REMAINDER, help="the suite's own options")
 
     _worker_arguments(sub.add_parser(
@@ -230,6 +230,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_without_suite(argv: list[str]) -> bool:
+    """`graphflow bench` with options but no suite before them (and no --help)."""
+    rest = argv[1:]
+    return (argv[:1] == ["bench"] and not (rest and not rest[0].startswith("-"))
+            and not {"-h", "--help"} & set(rest))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     keep_freed_memory()  # every command runs (or serves) steps: the same tensors again and again
@@ -237,6 +244,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from graphflow.ps.__main__ import main as ps
 
         return int(ps(argv[1:], prog="graphflow ps"))
+    if _bench_without_suite(argv):  # (argparse would say "required: suite, args")
+        from graphflow.bench import SUITES
+
+        print(f"usage: graphflow bench SUITE [options]\ngraphflow bench: error: choose a "
+              f"suite: {', '.join(SUITES)} (`graphflow bench SUITE --help` for its "
+              "options)", file=sys.stderr)
+        return 2
     if argv[:1] == ["worker"]:  # its own parser: a worker starts without the driver's imports
         worker = argparse.ArgumentParser(prog="graphflow worker", **WORKER)
         args = _worker_arguments(worker).parse_args(argv[1:])
@@ -254,6 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `graphflow show lc-large | head`; before OSError, its base
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except UsageError as e:  # (found before any work: argparse's exit code; before ValueError)
+        print(f"graphflow {args.command}: error: {e}", file=sys.stderr)
+        return 2
     except (GraphflowError, ValueError, ImportError, OSError) as e:
         print(f"graphflow {args.command}: error: {e}", file=sys.stderr)
         return 1

@@ -6,10 +6,12 @@ import argparse
 import json
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from graphflow.argtypes import (
+    UsageError,
     count,
+    directory,
     learning_rate,
     microbatch_count,
     non_negative,
@@ -105,11 +107,16 @@ def _data_parallel_options(d: Any) -> None:
     d.add_argument("--staleness", type=non_negative, default=2,
                    help="ssp: clocks ahead allowed (2)")
     d.add_argument("--warm-start", type=non_negative, default=0,
-                   help="steps replica 0 runs alone before the others join")
+                   help="steps replica 0 runs alone before the others join (fewer than "
+                        "--steps; ssp: at most --staleness + 1)")
     d.add_argument("--compress", type=codec, default=None, metavar="CODEC",
-                   help="gradient compression on push: float16 or topk:FRACTION")
-    d.add_argument("--checkpoint-dir", default=None,
-                   help="shards checkpoint here (and run as processes that are restarted)")
+                   help="gradient compression on push: float16, or topk:FRACTION, the "
+                        "largest FRACTION of each gradient (topk:0.01 sends 1%%; topk:1 "
+                        "sends all), the rest kept for later pushes")
+    d.add_argument("--checkpoint-dir", type=directory, default=None,
+                   help="shards checkpoint here (and run as processes that are restarted); "
+                        "a directory holding another run's checkpoints resumes them, or is "
+                        "refused before anything starts if they are not this run's")
 
 
 DEFAULTS = {  # workload -> (steps, batch, lr); a user's model: 20, its own batch or 64, 0.01
@@ -127,15 +134,18 @@ def run(args: argparse.Namespace) -> int:
     from graphflow.optim import OPTIMIZERS
     from graphflow.train import DataParallelTrainer, PartitionedTrainer
 
+    placement = _placement(args)  # (UsageError: before the model and data load)
     model = load_trainable(args.workload, seed=args.seed)
     steps, batch, lr = DEFAULTS.get(args.workload, (20, model.x.shape[0] or 64, 0.01))
     steps, batch, lr = (args.steps or steps, args.batch or batch,
                         lr if args.lr is None else args.lr)
+    if args.checkpoint_dir is not None:  # before any shard starts and writes there
+        _check_resume(args, model, placement.parts)
     if args.workload == "digits-lc":
         data, shift = datasets.digits(seed=args.seed), 2
     else:
         data, shift = datasets.synthetic_for(model, n=4 * batch, seed=args.seed), 0
-    trainer = _trainer(args, model, OPTIMIZERS[args.optimizer](lr), batch)
+    trainer = _trainer(args, model, OPTIMIZERS[args.optimizer](lr), batch, placement)
     manager = trainer.manager if isinstance(trainer, DataParallelTrainer) else None
     told = _note(manager.record.notes if manager else [])  # shards resumed from checkpoints
     start = time.perf_counter()
@@ -157,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
         steps = result["steps"] = record.steps_run
         result["replica_steps"] = {str(r): n for r, n in sorted(record.steps_done.items())}
         result["failures"], result["notes"] = record.failures, record.notes
+        result["shard_restarts"] = record.shard_restarts  # (shards died and restarted)
     if accuracy is not None:
         result["test_accuracy"] = accuracy
         result["test_examples"] = len(data.y_test)
@@ -177,27 +188,59 @@ def _note(notes: list[str]) -> int:
     return len(notes)
 
 
-def _trainer(args: argparse.Namespace, model: Model, optimizer: Optimizer,
-             batch: int) -> Trainer:
-    """One process, a split model (--parts, --cluster) or replicas of it (--replicas)."""
+class Placement(NamedTuple):
+    """Where a run's workers go, settled from the options and --cluster before any work."""
+
+    parts: int
+    hosts: list[str] | None = None  # a split model's remote workers
+    replicas: ReplicaOptions | None = None  # with --replicas R > 1
+
+
+def _placement(args: argparse.Namespace) -> Placement:
+    """The parts, hosts and replica options of a run: --cluster read, and its workers
+    counted against --replicas and --parts (UsageError), before the model loads."""
     from graphflow.runtime.clusterfile import read_cluster_file
-    from graphflow.train import DataParallelTrainer, PartitionedTrainer, Trainer
 
     if args.replicas > 1:
-        return DataParallelTrainer(model, optimizer, args.replicas, args.ps_shards,
-                                   *_replica_setup(args))
-    if not (args.parts > 1 or args.cluster):
-        return Trainer(model, optimizer, check_numerics=args.check_numerics)
+        options = _replica_options(args)
+        if not args.cluster:
+            return Placement(args.parts, None, options)
+        options = options.with_cluster_file(args.cluster)  # replicas x parts remote workers
+        assert options.hosts is not None
+        listed = len(options.hosts)
+        parts, extra = divmod(listed, args.replicas)
+        if extra or not parts:
+            raise UsageError(f"{args.cluster} lists {listed} worker(s): not a multiple of "
+                             f"--replicas {args.replicas} (each replica takes the same number, "
+                             "one a part)")
+        if args.parts > 1 and args.parts != parts:
+            raise UsageError(f"--parts {args.parts}, but {args.cluster} lists {listed} "
+                             f"workers: {parts} for each of --replicas {args.replicas} "
+                             "(leave --parts out to use them all)")
+        return Placement(parts, None, options)
     hosts = read_cluster_file(args.cluster) if args.cluster else None
     if hosts and args.parts > 1 and args.parts != len(hosts):
-        raise ValueError(f"--parts {args.parts}, but {args.cluster} lists {len(hosts)} "
+        raise UsageError(f"--parts {args.parts}, but {args.cluster} lists {len(hosts)} "
                          "workers, one a part (leave --parts out to use them all)")
+    return Placement(len(hosts) if hosts else args.parts, hosts)
+
+
+def _trainer(args: argparse.Namespace, model: Model, optimizer: Optimizer,
+             batch: int, placement: Placement) -> Trainer:
+    """One process, a split model (--parts, --cluster) or replicas of it (--replicas)."""
+    from graphflow.train import DataParallelTrainer, PartitionedTrainer, Trainer
+
+    parts, hosts = placement.parts, placement.hosts
+    if placement.replicas is not None:
+        return DataParallelTrainer(model, optimizer, args.replicas, args.ps_shards, parts,
+                                   args.strategy, placement.replicas)
+    if not (parts > 1 or hosts):
+        return Trainer(model, optimizer, check_numerics=args.check_numerics)
     timeouts = {k: v for k, v in (("timeout", args.timeout),
                                   ("connect_timeout", args.connect_timeout)) if v is not None}
     trainer = PartitionedTrainer(  # (the timeouts not given keep the trainer's defaults)
-        model, optimizer, len(hosts) if hosts else args.parts, args.strategy, args.mode,
-        hosts, args.microbatches, args.schedule, batch=batch,
-        check_numerics=args.check_numerics, **timeouts)
+        model, optimizer, parts, args.strategy, args.mode, hosts, args.microbatches,
+        args.schedule, batch=batch, check_numerics=args.check_numerics, **timeouts)
     if idle := trainer.plan.idle_workers():
         print(f"graphflow train: note: worker(s) {', '.join(map(str, idle))} got no nodes "
               f"from the {args.strategy} strategy"
@@ -208,26 +251,51 @@ def _trainer(args: argparse.Namespace, model: Model, optimizer: Optimizer,
     return trainer
 
 
-def _replica_setup(args: argparse.Namespace) -> tuple[int, str, ReplicaOptions]:
-    """(parts, strategy, ReplicaOptions) of a --replicas run."""
+def _replica_options(args: argparse.Namespace) -> ReplicaOptions:
     from graphflow.replicas.manager import ReplicaOptions
 
-    options = ReplicaOptions(
+    return ReplicaOptions(
         mode=args.sync, n_fetch=args.n_fetch, n_push=args.n_push, staleness=args.staleness,
         warm_start=args.warm_start, compress=args.compress, placement=args.mode,
         algorithm=args.allreduce,
         shard_placement="processes" if args.checkpoint_dir else "threads",
-        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_dir=None if args.checkpoint_dir is None else str(args.checkpoint_dir),
         **({"connect_timeout": args.connect_timeout} if args.connect_timeout else {}))
-    parts = args.parts
-    if args.cluster:  # replicas x parts remote workers, the shards here on tcp
-        options = options.with_cluster_file(args.cluster)
-        assert options.hosts is not None
-        parts, extra = divmod(len(options.hosts), args.replicas)
-        if extra or not parts:
-            raise ValueError(f"{args.cluster} lists {len(options.hosts)} workers: not a "
-                             f"multiple of --replicas {args.replicas}")
-    return parts, args.strategy, options
+
+
+def _check_resume(args: argparse.Namespace, model: Model, parts: int) -> None:
+    """UsageError if the shards would refuse the checkpoints in --checkpoint-dir (another
+    shard count's, model's or split's): said before any shard starts and writes there."""
+    from math import prod
+
+    from graphflow.partitioners import partition
+    from graphflow.ps.checkpoint import newest_slices
+    from graphflow.ps.layout import slices_differ
+
+    held = newest_slices(args.checkpoint_dir)
+    if not held:  # (a fresh run)
+        return
+    where, fix = f"--checkpoint-dir {args.checkpoint_dir}", "use another directory, or empty it"
+    if sorted(held) != list(range(args.ps_shards)):
+        if sorted(held) == list(range(len(held))):
+            raise UsageError(f"{where} holds the checkpoints of {len(held)} shards, not of "
+                             f"--ps-shards {args.ps_shards}: --ps-shards {len(held)} resumes "
+                             f"them; or {fix}")
+        raise UsageError(f"{where} holds checkpoints of shard(s) "
+                         f"{', '.join(map(str, sorted(held)))} only, not of --ps-shards "
+                         f"{args.ps_shards} (the others' are missing or unreadable): {fix}")
+    plan = partition(model.graph, parts, args.strategy, loss=model.loss)
+    asked = {n.name: prod(n.shape) for w in plan.workers for n in w.graph.nodes
+             if n.op == "parameter"}  # what the shards will be asked for, by parameter
+    found: dict[str, int] = {}
+    for _, slices in held.values():
+        for key, size in slices.items():
+            name = key.rpartition("[")[0]
+            found[name] = found.get(name, 0) + size
+    whole = lambda sizes: {f"{n}[0:{v}]": v for n, v in sizes.items()}  # noqa: E731
+    if wrong := slices_differ(whole(found), whole(asked)):
+        raise UsageError(f"{where} holds the checkpoints of another model, or of another "
+                         f"--parts / --strategy split of it ({wrong}): {fix}")
 
 
 def codec(text: str) -> str:
@@ -298,4 +366,25 @@ def conflict(args: argparse.Namespace) -> str | None:
                 "every step waits for every replica")
     if args.connect_timeout is not None and not args.cluster:
         return "--connect-timeout is for remote workers: it needs --cluster FILE"
-    return _ignored_by_sync(args) if args.replicas > 1 else None
+    if args.mode != "threads" and args.cluster:
+        return f"--mode {args.mode} places local workers: --cluster FILE's are remote"
+    if args.mode != "threads" and args.parts == 1 and args.replicas == 1:
+        return (f"--mode {args.mode} places the workers of a split model or of replicas: it "
+                "needs --parts N (N > 1) or --replicas R (R > 1)")
+    if args.replicas > 1 and (ignored := _ignored_by_sync(args)):
+        return ignored
+    return _warm_start_problem(args) if args.warm_start else None
+
+
+def _warm_start_problem(args: argparse.Namespace) -> str | None:
+    """--warm-start longer than the run, or than ssp lets replica 0 run ahead."""
+    steps = args.steps or DEFAULTS.get(args.workload, (20,))[0]
+    if args.warm_start >= steps:
+        default = "" if args.steps else f" (the default for {args.workload})"
+        return (f"--warm-start {args.warm_start} is not less than --steps {steps}{default}: "
+                "replica 0 would run every step alone, and the others none")
+    if args.sync == "ssp" and args.warm_start > args.staleness + 1:
+        return (f"--warm-start {args.warm_start}: with --sync ssp replica 0 runs at most "
+                f"--staleness {args.staleness} + 1 steps ahead of the others, so it cannot "
+                f"run {args.warm_start} alone (raise --staleness, or lower --warm-start)")
+    return None

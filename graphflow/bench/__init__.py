@@ -23,6 +23,12 @@ from graphflow.runtime.cores import BLAS_THREAD_VARS, blas_threads
 
 RESULTS = Path("benchmarks/results")  # where full runs write by default (the README's figures)
 
+SUITES = {  # `graphflow bench SUITE`: graphflow.bench.SUITE's main(argv)
+    "speedup": "DistBelief's Fig. 3 here: speedup against workers, measured and predicted",
+    "convergence": "its Fig. 4: accuracy against time for Downpour, BSP, SSP, ...",
+    "ps": "parameter-server pushes per second",
+    "sync": "parameter server against allreduce"}
+
 
 def single_threaded() -> AbstractContextManager[None]:
     """One BLAS / OpenMP thread here and in every worker process started inside."""

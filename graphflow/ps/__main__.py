@@ -16,11 +16,11 @@ import logging
 import signal
 import sys
 import threading
-from pathlib import Path
 
-from graphflow.argtypes import count, listen_address, non_negative
+from graphflow.argtypes import count, directory, listen_address, non_negative, seconds_or_zero
 from graphflow.errors import GraphflowError
 from graphflow.lifetime import exit_with_parent
+from graphflow.ps.checkpoint import newest_slices
 from graphflow.ps.server import serve_shard
 
 
@@ -31,26 +31,42 @@ def parser(prog: str = "python -m graphflow.ps") -> argparse.ArgumentParser:
         epilog=f"example: {prog} --listen tcp://127.0.0.1:5700 --index 0 "
                "--shards 1 --checkpoint-dir ckpt --checkpoint-seconds 30")
     p.add_argument("--listen", required=True, type=listen_address,
-                   help="address to bind (ipc://, tcp://, ...)")
+                   help="address to bind: tcp://HOST:PORT (HOST * for every interface, "
+                        "PORT * for any) or ipc:///PATH")
     p.add_argument("--index", type=non_negative, default=0, help="this shard's index (0)")
     p.add_argument("--shards", type=count, default=1, help="how many shards there are (1)")
-    p.add_argument("--checkpoint-dir", type=Path, default=None,
+    p.add_argument("--checkpoint-dir", type=directory, default=None,
                    help="where checkpoints are written and restored from (none: no checkpoints)")
     p.add_argument("--checkpoint-every", type=non_negative, default=0,
                    help="write a checkpoint every N applied updates (0: not by count)")
-    p.add_argument("--checkpoint-seconds", type=float, default=0.0,
+    p.add_argument("--checkpoint-seconds", type=seconds_or_zero, default=0.0,
                    help="write a checkpoint every T seconds when something changed (0: never)")
     p.add_argument("--exit-with-parent", type=count, default=None, metavar="PID",
                    help="exit when process PID is gone (set by start_shard_process)")
     return p
 
 
+def _conflict(args: argparse.Namespace) -> str | None:
+    """Options that contradict each other (or the checkpoints they name): a usage error."""
+    if not 0 <= args.index < args.shards:
+        return f"--index {args.index} is not in [0, --shards {args.shards})"
+    if args.checkpoint_dir is None and (args.checkpoint_every or args.checkpoint_seconds):
+        option = "--checkpoint-every" if args.checkpoint_every else "--checkpoint-seconds"
+        return f"{option} says when to checkpoint: it needs --checkpoint-dir DIR"
+    held = newest_slices(args.checkpoint_dir) if args.checkpoint_dir is not None else {}
+    if others := [i for i in held if i >= args.shards]:  # (its init would be refused)
+        return (f"--checkpoint-dir {args.checkpoint_dir} holds checkpoints of shard "
+                f"{others[0]}, so of more than --shards {args.shards}: use another "
+                "directory, or the --shards they were written with")
+    return None
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m graphflow.ps") -> int:
     """Serve one shard; 0 after a clean stop, 1 when it could not start, 2 on bad arguments."""
     p = parser(prog)
     args = p.parse_args(argv)
-    if not 0 <= args.index < args.shards:
-        p.error(f"--index {args.index} is not in [0, --shards {args.shards})")
+    if problem := _conflict(args):
+        p.error(problem)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s ps:{args.index} %(levelname)s %(message)s")
     stop = threading.Event()

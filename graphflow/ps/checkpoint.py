@@ -89,11 +89,12 @@ def save(directory: str | os.PathLike[str], index: int, state: Any, keep: int = 
     return final
 
 
-def load(path: str | os.PathLike[str]) -> Any:
-    """The state stored in checkpoint `path`; CheckpointError if it is unreadable."""
+def load(path: str | os.PathLike[str], arrays: bool = True) -> Any:
+    """The state stored in checkpoint `path`; CheckpointError if it is unreadable. Without
+    `arrays` only the meta member is read, and every array in the state is None."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            members = {name: z[name] for name in z.files}
+            members = {name: z[name] for name in z.files if arrays or name == "meta"}
     except Exception as e:  # noqa: BLE001 - any failure to read means "not usable"
         raise CheckpointError(f"checkpoint {path}: unreadable ({type(e).__name__}: {e})") from e
     meta = members.pop("meta", None)
@@ -102,6 +103,8 @@ def load(path: str | os.PathLike[str]) -> Any:
 
     def ext_hook(code: int, data: bytes) -> Any:
         index = msgpack.unpackb(data) if code == _REF and len(data) <= 16 else None
+        if not arrays and type(index) is int:
+            return None
         array = members.get(f"a{index}") if type(index) is int else None
         if array is None:
             raise CheckpointError(f"checkpoint {path}: bad array reference ({code}, {data!r})")
@@ -137,6 +140,35 @@ def load_newest(directory: str | os.PathLike[str], index: int,
             log.error("shard %d: checkpoint %s is malformed (%s: %s); trying an older one",
                       index, path, type(e).__name__, e)
     return None
+
+
+def newest_slices(directory: str | os.PathLike[str]) -> dict[int, tuple[Path, dict[str, int]]]:
+    """{shard index: (its newest readable checkpoint in `directory`, the slices it holds:
+    key -> size)}, read from the checkpoints' meta alone: what the shards of a run started
+    on `directory` would restore, told before any of them starts (and writes there)."""
+    d = Path(directory)
+    indexes = {int(m.group(1)) for p in (d.iterdir() if d.is_dir() else ())
+               if (m := _NAME.fullmatch(p.name))}
+    found = {}
+    for index in sorted(indexes):
+        for path in reversed(checkpoints(d, index)):
+            try:
+                state = load(path, arrays=False)
+                if state.get("format") != 1:
+                    raise ValueError("not a format-1 shard checkpoint")  # (as parse_state)
+                found[index] = (path, {str(k): _size(k) for k in state["params"]})
+                break
+            except (CheckpointError, ValueError, KeyError, TypeError, AttributeError):
+                continue  # (the shard skips it too: load_newest)
+    return found
+
+
+def _size(key: str) -> int:
+    """The size of slice `key`, "name[lo:hi]" (ValueError if it is not one)."""
+    lo, _, hi = key.rpartition("[")[2].removesuffix("]").partition(":")
+    if not (key.endswith("]") and lo.isdigit() and hi.isdigit() and int(hi) >= int(lo)):
+        raise ValueError(f"not a slice key: {key!r}")
+    return int(hi) - int(lo)
 
 
 def _seq(path: Path) -> int:

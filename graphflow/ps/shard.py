@@ -62,6 +62,9 @@ class Shard(VectorOps, BspBarrier):
                  checkpoint_dir: str | os.PathLike[str] | None = None,
                  checkpoint_every: int = 0, checkpoint_seconds: float = 0.0,
                  keep: int = 2) -> None:
+        if not (checkpoint_every >= 0 and checkpoint_seconds >= 0):  # (NaN too: never, silently)
+            raise ValueError(f"shard {index}: checkpoint_every and checkpoint_seconds must be "
+                             f">= 0 (0: never), got {checkpoint_every}, {checkpoint_seconds}")
         self.index, self.shards = index, shards
         self.params: dict[str, np.ndarray] = {}
         self.vectors: dict[str, dict[str, np.ndarray]] = {}
