@@ -277,9 +277,11 @@ class PSLink:
         self._check()
 
     def _queue_rest(self) -> None:
-        """Hand the gradients summed since the last push to the push thread (downpour)."""
+        """Hand the gradients summed since the last push to the push thread (downpour), as
+        the last step summed: the shards' clock of this replica then counts the steps run,
+        and the next step's push is not taken for a repeat of this one."""
         if self.sums:
-            self._pushq.put((self.last_step + 1, self._take_sums()), timeout=self.timeout)
+            self._pushq.put((self.last_step, self._take_sums()), timeout=self.timeout)
 
     def close(self) -> None:
         """Push what is left (downpour) and stop the threads."""

@@ -21,7 +21,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlparse
 
@@ -35,102 +34,44 @@ from graphflow.optim import Optimizer
 from graphflow.partitioners.plan import Plan
 from graphflow.ps.client import PSClient
 from graphflow.ps.layout import Layout
-from graphflow.replicas.feed import LOCKSTEP, Feed
-from graphflow.replicas.link import MODES as PS_MODES
-from graphflow.replicas.record import Record, resume_note
+from graphflow.replicas.feed import LOCKSTEP, Feed, share_out
+from graphflow.replicas.options import ReplicaOptions
+from graphflow.replicas.record import Record, restart_note, resume_note
 from graphflow.replicas.shards import ShardGroup
 from graphflow.runtime.cluster import Cluster
-from graphflow.runtime.clusterfile import CONNECT_TIMEOUT, load_cluster_file
 
 log = logging.getLogger("graphflow.replicas")
 
-MODES = (*PS_MODES, "allreduce", "sandblaster")
-
-
-@dataclass
-class ReplicaOptions:
-    """How replicas share parameters. `mode`: downpour, bsp or ssp through the parameter
-    server, allreduce (synchronous, no PS: `algorithm` ring or tree) or sandblaster (L-BFGS,
-    one iteration per batch, cut into `portions`; the optimizer is not used); `n_fetch` / `n_push`:
-    downpour's fetch and push intervals in steps; `staleness`: ssp's s; `warm_start`: steps
-    replica 0 runs alone first (downpour; ssp up to staleness + 1); `compress`: None,
-    "float16" or "topk:FRACTION"; `slow`: replica -> seconds added to each of its steps (for
-    experiments and tests).
-
-    Placement: `placement` threads or processes of this machine, or `hosts`: the control
-    addresses of `graphflow worker`s elsewhere, replicas x parts of them (replica r gets
-    hosts[r * parts:(r + 1) * parts]); the shards then listen on tcp at `ps_host`, an address
-    of this machine those workers reach (`from_cluster_file` reads both)."""
-
-    mode: str = "downpour"
-    algorithm: str = "ring"
-    portions: int = 8
-    n_fetch: int = 1
-    n_push: int = 1
-    staleness: int = 2
-    warm_start: int = 0
-    compress: str | None = None
-    placement: str = "threads"
-    shard_placement: str = "threads"
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 200
-    bsp_deadline: float = 10.0  # < timeout / 2: the barrier drops a replica before others give up
-    timeout: float = 30.0
-    connect_timeout: float = CONNECT_TIMEOUT  # remote workers' time to answer the first call
-    ps_timeout: float = 2.0
-    slow: dict[int, float] = field(default_factory=dict)
-    hosts: list[str] | None = None
-    ps_host: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"unknown mode '{self.mode}'; known: {', '.join(MODES)}")
-        if self.algorithm not in ("ring", "tree"):
-            raise ValueError(f"unknown allreduce algorithm '{self.algorithm}': ring or tree")
-        if self.hosts and not self.ps_host and self.mode != "allreduce":
-            raise ValueError("replicas on remote workers need ps_host: an address of this "
-                             "machine the workers reach, for the parameter-server shards")
-        if self.warm_start and (self.mode in LOCKSTEP or (
-                self.mode == "ssp" and self.warm_start > self.staleness + 1)):
-            # (replica 0 would wait at its first barrier, or the ssp gate, for the others)
-            raise ValueError(f"warm_start {self.warm_start}: replica 0 cannot run alone in "
-                             f"{self.mode} mode" + (f" past staleness {self.staleness} + 1"
-                                                    if self.mode == "ssp" else ""))
-
-    def with_cluster_file(self, path: str) -> ReplicaOptions:
-        """These options with `hosts` and `ps_host` from a TOML cluster file:
-        `workers = ["tcp://10.0.0.2:5555", ...]` and `ps_host = "10.0.0.1"`."""
-        data = load_cluster_file(path)
-        ps_host = data.get("ps_host")
-        if ps_host is not None and not isinstance(ps_host, str):
-            raise ValueError(f"{path}: ps_host must be a string such as \"10.0.0.1\"")
-        return replace(self, hosts=data["workers"], ps_host=ps_host)
+__all__ = ["ReplicaManager", "ReplicaOptions"]  # (the options live in options.py)
 
 
 class ReplicaManager:
     """Runs `replicas` copies of `plan` against `shards` parameter-server shards. Shards
-    that resumed from a checkpoint are in `resumed` ({shard: {"path", "updates", ...}}) and
-    noted in `record.notes`."""
+    that resumed from a checkpoint are in `resumed` ({shard: {"path", "updates", ...}}), and
+    shard processes restarted during the run in `record.shard_restarts`; both are noted in
+    `record.notes`."""
 
     def __init__(self, model: Model, plan: Plan, optimizer: Optimizer, replicas: int = 2,
                  shards: int = 2, options: ReplicaOptions | None = None) -> None:
-        if replicas < 1 or shards < 1:
-            raise ValueError(f"need at least one replica and one shard, got {replicas}, {shards}")
+        count_of(replicas, "replicas")
+        count_of(shards, "shards")
         self.model, self.plan, self.optimizer = model, plan, optimizer
         self.replicas, self.options = replicas, options or ReplicaOptions()
         self.record = Record()
         self.clusters: list[Cluster | None] = []
-        # (allreduce needs no shards: the group only lends its directory for addresses)
-        self.shards = ShardGroup(0 if self.options.mode == "allreduce" else shards,
-                                 self.options.shard_placement,
-                                 self.options.checkpoint_dir, self.options.checkpoint_every,
-                                 self.options.timeout, listen_host=self.options.ps_host)
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one thread at a time on self.client
         self._session: Session | None = None
         self._t0 = time.perf_counter()
         self._last_loss = float("nan")
         self._failed: set[int] = set()
+        self._first: dict[int, int] = {}  # replica -> its cluster's first step number this fit
+        # (allreduce needs no shards: the group only lends its directory for addresses)
+        self.shards = ShardGroup(0 if self.options.mode == "allreduce" else shards,
+                                 self.options.shard_placement,
+                                 self.options.checkpoint_dir, self.options.checkpoint_every,
+                                 self.options.timeout, listen_host=self.options.ps_host,
+                                 on_restart=self._shard_restarted, stamp=self._stamp)
         self.resumed: dict[int, dict[str, Any]] = {}  # shard -> what it resumed from
         try:
             self._start()
@@ -221,11 +162,12 @@ class ReplicaManager:
             raise GraphflowError("every replica failed in an earlier fit: "
                                  + "; ".join(self.record.failures))
         feed = Feed(pairs(batches, self.model.x, self.model.y), steps, live, o.mode,
-                    o.staleness, o.warm_start)
+                    o.staleness, o.warm_start, split=share_out)
         if feed.planned != steps:
             self.record.notes.append(
                 f"{o.mode} runs its {len(live)} replicas in lockstep: {steps} steps rounded "
                 f"up to {feed.planned} ({feed.rounds} each)")
+        self._first = {r: c.step_count for r, c in enumerate(self.clusters) if c is not None}
         threads = [threading.Thread(target=self._replica_loop, args=(r, feed),
                                     daemon=True, name=f"replica{r}") for r in live]
         self._t0 = time.perf_counter()
@@ -243,6 +185,9 @@ class ReplicaManager:
         self.record.steps_run = feed.total_done
         if feed.error is not None:  # (the replicas are fine: the batch was not)
             raise feed.error
+        if feed.unused:
+            self.record.notes.append(f"{feed.unused} batch(es) left unused: too few rows to "
+                                     f"share out among the {len(feed.live)} replicas")
         if feed.exhausted and feed.live:
             self.record.notes.append(f"the batches ran out after {feed.total_done} of "
                                      f"{steps} steps")
@@ -279,16 +224,21 @@ class ReplicaManager:
             try:
                 cluster.call_all("ps_flush", {})
             except GraphflowError as e:
-                self._replica_failed(r, self.record.steps_done.get(r, 0), e)
+                ran = self.record.steps_done.get(r, 0)
+                self.record.steps_run -= ran - self._accepted(r, ran, held=False)
+                self._replica_failed(r, ran, e)
 
     def _fit_sandblaster(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], steps: int,
                          evaluate: tuple[np.ndarray, np.ndarray] | None, eval_every: float,
                          progress: Callable[[int, float], None] | None) -> Record:
         from graphflow.replicas.sandblaster import ClusterReplica, Sandblaster
 
-        replicas = [ClusterReplica(c, self.model.x.name, self.model.y.name)
-                    for c in self.clusters if c is not None]
-        losses, self.record.steps_done[0] = self.record.losses.setdefault(0, []), 0
+        ids = [r for r, c in enumerate(self.clusters) if c is not None]  # sb's index -> replica
+        replicas = [ClusterReplica(self.clusters[r], self.model.x.name, self.model.y.name)
+                    for r in ids]
+        losses = self.record.losses.setdefault(0, [])  # (the coordinator's batch losses)
+        self.record.steps_run = 0
+        self.record.steps_done.update(dict.fromkeys(ids, 0))
         self._t0 = next_eval = time.perf_counter()
         batches = batches if isinstance(batches, Sequence) else pairs(batches, self.model.x,
                                                                         self.model.y)
@@ -300,16 +250,21 @@ class ReplicaManager:
                     self.record.notes.append(f"the batches ran out after {i} of {steps} steps")
                     break
                 losses.append((time.perf_counter() - self._t0, i, self._last_loss))
-                self.record.steps_done[0] = i + 1
+                self.record.steps_run = i + 1
+                # each portion's gradient is credited to the replica whose result was used
+                won = [ids[e["replica"]] for e in list(sb.log) if e["won"]]
+                self.record.steps_done.update({r: won.count(r) for r in ids})
                 if evaluate is not None and (time.perf_counter() >= next_eval or
                                              i == steps - 1):
                     self.evaluate(*evaluate)
                     next_eval = time.perf_counter() + eval_every
                 if progress is not None:
                     progress(i + 1, self._last_loss)
-        self.record.failures += [f"replica {e['replica']}: {e['error']}" for e in sb.log
+        self.record.failures += [f"replica {ids[e['replica']]}: {e['error']}" for e in sb.log
                                  if e.get("error")]
-        self.record.steps_run = self.record.steps_done.get(0, 0)
+        self.record.notes.append(f"sandblaster: a replica's steps are the gradient portions it "
+                                 f"computed (up to {self.options.portions} a batch evaluation); "
+                                 f"{self.record.steps_run} L-BFGS steps in all")
         return self.record
 
     def _replica_loop(self, r: int, feed: Feed[tuple[np.ndarray, np.ndarray]]) -> None:
@@ -333,11 +288,36 @@ class ReplicaManager:
                 batch = None
                 feed.finished(r)
         except GraphflowError as e:
-            feed.failed(r, batch)
+            if self.options.mode == "downpour":  # (pushes go on their own threads)
+                accepted = self._accepted(r, step, held=batch is not None)
+                batch = None if accepted > step else batch  # (its push got there: it ran)
+                step = accepted
+            feed.failed(r, batch, done=step)
             self._replica_failed(r, step, e)
         except BaseException:
             feed.failed(r, batch)  # never leave the others waiting for a replica that stopped
             raise
+
+    def _accepted(self, r: int, ran: int, held: bool) -> int:
+        """Downpour, replica `r` having failed: how many of the `ran` steps it finished this
+        fit (and the one it `held`) the shards took, by their clock of it (its newest push's
+        step + 1; the lowest of the shards'; a split replica's workers share a shard's clock).
+        Each step counts only once its push is taken; `record.steps_done[r]` is set to that,
+        and a note says what was not counted."""
+        try:
+            with self._lock:
+                clocks = self.client.clocks()
+        except GraphflowError as e:
+            self.record.notes.append(f"replica {r}: could not ask the shards which of its "
+                                     f"{ran} steps they took ({e}); all are counted")
+            return ran
+        pushed = min(dict(c["clocks"]).get(r, 0) for c in clocks.values())
+        accepted = max(0, min(pushed - self._first.get(r, 0), ran + held))
+        if accepted < ran:
+            self.record.notes.append(f"replica {r}: {ran - accepted} of its {ran} steps never "
+                                     "reached the parameter server: not counted")
+        self.record.steps_done[r] = accepted
+        return accepted
 
     def _replica_failed(self, r: int, step: int, error: BaseException) -> None:
         what = f"replica {r} failed at step {step}: {error}; dropped, the others go on"
@@ -351,6 +331,19 @@ class ReplicaManager:
                 self.client.drop(r, f"failed at step {step}")
         except GraphflowError as e:
             log.error("could not tell the shards to drop replica %d: %s", r, e)
+
+    def _steps_so_far(self) -> int:
+        if self.options.mode == "sandblaster":
+            return self.record.steps_run  # (its steps_done count portions)
+        return sum(self.record.steps_done.values())
+
+    def _stamp(self) -> dict[str, Any]:
+        """When an event happened: seconds into the fit and its steps so far."""
+        return {"seconds": round(time.perf_counter() - self._t0, 3), "step": self._steps_so_far()}
+
+    def _shard_restarted(self, event: dict[str, Any]) -> None:
+        self.record.shard_restarts.append(event)
+        self.record.notes.append(restart_note(event))
 
     # -- results ------------------------------------------------------------------------------
     def params(self) -> dict[str, np.ndarray]:
@@ -369,8 +362,7 @@ class ReplicaManager:
             self._session = Session(self.model.graph)
         self._session.params.update(self.params())
         acc = self.model.accuracy(self._session, x, y)
-        self.record.evals.append((time.perf_counter() - self._t0,
-                                  sum(self.record.steps_done.values()), acc))
+        self.record.evals.append((time.perf_counter() - self._t0, self._steps_so_far(), acc))
         return acc
 
     def close(self) -> None:
