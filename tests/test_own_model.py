@@ -227,7 +227,7 @@ def test_options_that_would_be_ignored_are_refused(model_file, tmp_path, cli_her
     hosts = tmp_path / "two.toml"
     hosts.write_text('workers = ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"]\n')
     r = cli("train", model_file, "--parts", "3", "--cluster", hosts, "--no-progress")
-    assert r.returncode == 1 and "--parts 3, but" in r.stderr and "lists 2 workers" in r.stderr
+    assert r.returncode == 2 and "--parts 3, but" in r.stderr and "lists 2 workers" in r.stderr
 
 
 def test_manual_placement_without_scopes_names_the_idle_worker(model_file):
