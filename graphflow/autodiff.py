@@ -11,13 +11,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from graphflow.errors import GraphError, located
-from graphflow.ir import SOURCE_OPS, Graph, Node, current_graph
-from graphflow.ops.registry import REGISTRY, apply
+from graphflow.errors import GraphError, described, did_you_mean, located
+from graphflow.ir import SOURCE_OPS, Graph, Node, current_graph, user_source_line
+from graphflow.ops.registry import FLOAT_DTYPES, REGISTRY, apply
 
 
-def gradients(loss: Node, wrt: Sequence[Node], dy: Node | None = None) -> dict[str, Node]:
-    """d(loss)/d(w) for each node in `wrt`, keyed by the node's name.
+def gradients(loss: Node, wrt: Node | str | Sequence[Node | str],
+              dy: Node | None = None) -> dict[str, Node]:
+    """d(loss)/d(w) for each node in `wrt` (nodes or their names), keyed by the node's name.
 
     `loss` must be a scalar unless `dy`, the gradient flowing into `loss`, is given.
 
@@ -29,13 +30,13 @@ def gradients(loss: Node, wrt: Sequence[Node], dy: Node | None = None) -> dict[s
     >>> grads["w"].shape
     (3,)
     """
+    if not isinstance(loss, Node):
+        raise GraphError(f"gradients ({user_source_line()}): the loss must be a node, got "
+                         f"{described(loss)}")
     graph = loss.graph
     if graph is None or (dy is None and loss.shape != ()):
         raise GraphError(located(loss, f"gradients need a scalar loss, got shape {loss.shape}"))
-    wrt = list(wrt)
-    for w in wrt:
-        if w.graph is not graph:
-            raise GraphError(located(w, "is not in the loss's graph"))
+    wrt = _nodes(graph, wrt)
 
     forward = graph.ancestors([loss])
     # Only nodes that lie on a path from some `wrt` to the loss need a gradient.
@@ -47,12 +48,15 @@ def gradients(loss: Node, wrt: Sequence[Node], dy: Node | None = None) -> dict[s
     for w in wrt:
         if w not in reachable:
             raise GraphError(located(w, f"the loss '{loss.name}' does not depend on it"))
+        if w.dtype not in FLOAT_DTYPES:
+            raise GraphError(located(w, f"gets no gradient from the loss '{loss.name}': it is "
+                                        f"{w.dtype}, and only float values are differentiable"))
 
     if dy is None:  # asked again (a trainer on a graph whose builder took its gradients)
         built = _built_before(loss, wrt)
         if built is not None:
             return built
-    with graph:
+    with graph, graph.sourced(loss.source):
         # a constant, not ones_like(loss): the backward pass need not wait for the loss value
         seed = dy if dy is not None else apply("constant", name=_free_name(f"grad/{loss.name}"),
                                                seed=True, loss=loss.name,
@@ -77,8 +81,33 @@ def gradients(loss: Node, wrt: Sequence[Node], dy: Node | None = None) -> dict[s
             for x, want, g in zip(node.inputs, wants, grads, strict=True):
                 if want and g is not None:
                     partials.setdefault(x, []).append(g)
+    for w in wrt:
+        if w not in done:  # the loss depends on it, but no gradient rule passes one back
+            raise GraphError(located(w, f"gets no gradient from the loss '{loss.name}': the "
+                                        "gradient rules on its paths to the loss give it none "
+                                        "(an op there reads only its shape, say)"))
     graph.gradients.update({w.name: done[w].name for w in wrt})
     return {w.name: done[w] for w in wrt}
+
+
+def _nodes(graph: Graph, wrt: Node | str | Sequence[Node | str]) -> list[Node]:
+    """The nodes of `graph` that `wrt` (a node, a name, or a list of them) stands for."""
+    items = [wrt] if isinstance(wrt, Node | str) else list(wrt)
+    out = []
+    for w in items:
+        if isinstance(w, str):
+            if w not in graph:
+                hint = did_you_mean(w, (n.name for n in graph.nodes))
+                raise GraphError(f"gradients ({user_source_line()}): no node named '{w}' in the "
+                                 f"loss's graph{hint}")
+            w = graph[w]
+        elif not isinstance(w, Node):
+            raise GraphError(f"gradients ({user_source_line()}): wrt must hold nodes or node "
+                             f"names, got {described(w)}")
+        if w.graph is not graph:
+            raise GraphError(located(w, "is not in the loss's graph"))
+        out.append(w)
+    return out
 
 
 def drop_gradients(graph: Graph, loss: Node) -> None:
@@ -129,7 +158,8 @@ def _sum(terms: list[Node]) -> Node:
 
 
 class _scoped:
-    """Name gradient nodes `grad/<forward name>/...` and give them the forward node's device."""
+    """Name gradient nodes `grad/<forward name>/...` and give them the forward node's device
+    and source line (a failing backward kernel then cites the user's line it came from)."""
 
     def __init__(self, graph: object, node: Node) -> None:
         self.graph, self.node = graph, node
@@ -138,10 +168,12 @@ class _scoped:
         g = self.graph
         g._scopes.append(f"grad/{self.node.name}")
         g._devices.append(self.node.device)
+        g._sources.append(self.node.source)
 
     def __exit__(self, *exc: object) -> None:
         self.graph._scopes.pop()
         self.graph._devices.pop()
+        self.graph._sources.pop()
 
 
 def is_seed(node: Node) -> bool:

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from graphflow.errors import GraphError, ShapeError
-from graphflow.init import INITIALIZERS
+from graphflow.errors import GraphError, ShapeError, described
+from graphflow.init import INITIALIZERS, check_options
 from graphflow.ir import Dim, Node, current_graph, user_source_line
 from graphflow.ops.registry import apply
 
@@ -44,9 +44,11 @@ def parameter(name: str, shape: Sequence[int], init: str = "glorot_uniform",
               dtype: str | None = None, **init_args: Any) -> Node:
     """A trainable tensor named `scope/name`, initialised by the named, seeded `init`."""
     g = current_graph()
+    where = f"parameter '{name}' ({user_source_line()})"
     if init not in INITIALIZERS:
-        raise GraphError(f"parameter '{name}' ({user_source_line()}): unknown initializer "
-                         f"'{init}', known: {', '.join(INITIALIZERS)}")
+        raise GraphError(f"{where}: unknown initializer '{init}', known: "
+                         f"{', '.join(INITIALIZERS)}")
+    check_options(init, init_args, where)
     attrs = {"shape": _dims(shape, "parameter", name), "dtype": dtype or g.dtype, "init": init,
              **init_args}
     return g.add("parameter", (), attrs, name=name)
@@ -75,6 +77,9 @@ def name_scope(scope: str) -> Iterator[None]:
 @contextmanager
 def device(name: str | None) -> Iterator[None]:
     """Place nodes created inside on `name` (e.g. "worker:1"); the manual partitioner reads it."""
+    if name is not None and not isinstance(name, str):
+        raise GraphError(f"device ({user_source_line()}): a device is a name 'worker:K' "
+                         f"(K the worker's index) or None, got {described(name)}")
     g = current_graph()
     g._devices.append(name)
     try:
@@ -91,6 +96,8 @@ def _binary(op: str, reverse: bool = False) -> Any:
 
 
 # Operator overloads live here, beside the ops they call (TF1 attaches them the same way).
+# NumPy defers to them: `array * node` is one mul node, not an array of per-element ones.
+Node.__array_ufunc__ = None
 Node.__add__ = _binary("add")
 Node.__radd__ = _binary("add", reverse=True)
 Node.__sub__ = _binary("sub")

@@ -45,6 +45,7 @@ class Schedule:
 
     order: tuple[Node, ...]
     frees: tuple[tuple[Node, ...], ...]  # frees[i]: values no longer needed after order[i]
+    held: tuple[Node, ...] = ()  # parameters and constants run: arrays a fetch may alias
 
 
 def schedule(graph: Graph, fetches: Sequence[Node], fed: set[Node]) -> Schedule:
@@ -69,7 +70,8 @@ def schedule(graph: Graph, fetches: Sequence[Node], fed: set[Node]) -> Schedule:
     for n, i in last_use.items():
         if n not in keep:
             frees[i].append(n)
-    return Schedule(tuple(order), tuple(tuple(f) for f in frees))
+    held = tuple(n for n in order if n.op in ("parameter", "constant") and n not in fed)
+    return Schedule(tuple(order), tuple(tuple(f) for f in frees), held)
 
 
 class Session:
@@ -84,15 +86,27 @@ class Session:
         self.check_numerics = check_numerics
         self.params: dict[str, np.ndarray] = {}
         for p in graph.parameters():
-            self.params[p.name] = initial_value(p.name, p.attrs, graph.seed)
+            self._initialise(p)
         for name, value in (params or {}).items():
             self.set(name, value)
         self._schedules: dict[tuple[tuple[int, ...], frozenset[int]], Schedule] = {}
 
     def get(self, name: str) -> np.ndarray:
-        if name not in self.params:
+        """A copy of parameter `name`'s value (the session keeps training its own)."""
+        node = self.graph[name] if name in self.graph else None
+        if node is None or node.op != "parameter":
             raise KeyError(f"no parameter named '{name}'; parameters: {', '.join(self.params)}")
-        return self.params[name]
+        return self._param(node).copy()
+
+    def _param(self, node: Node) -> np.ndarray:
+        """Parameter `node`'s value, initialised on first use if it joined the graph after
+        this session was made (as a new session would: the value depends on name and seed)."""
+        value = self.params.get(node.name)
+        return self._initialise(node) if value is None else value
+
+    def _initialise(self, node: Node) -> np.ndarray:
+        value = self.params[node.name] = initial_value(node.name, node.attrs, self.graph.seed)
+        return value
 
     def set(self, name: str, value: np.ndarray) -> None:
         node = self.graph[name]
@@ -128,7 +142,9 @@ class Session:
         if plan is None:
             plan = self._schedules[key] = schedule(self.graph, wanted, set(fed))
         values = self._execute(plan, fed, wanted)
-        out = [values[n] for n in wanted]
+        held = [self.params[n.name] if n.op == "parameter" else n.attrs["value"]
+                for n in plan.held]
+        out = _unshared([values[n] for n in wanted], held)
         return out[0] if single else out
 
     def _node(self, key: Node | str, role: str) -> Node:
@@ -167,13 +183,29 @@ class Session:
     def _compute(self, node: Node, values: dict[Node, np.ndarray],
                  wanted: list[Node]) -> np.ndarray:
         if node.op == "parameter":
-            return self.params[node.name]
+            return self._param(node)
         if node.op == "constant":
             return node.attrs["value"]
         if node.op == "placeholder":
             needs = "needs" if len(wanted) == 1 else "need"
             raise missing_feed(node, f"{_names(wanted)} {needs} it")
         return run_kernel(node, [values[x] for x in node.inputs], self.check_numerics)
+
+
+def _unshared(out: list[np.ndarray], held: list[np.ndarray]) -> list[np.ndarray]:
+    """`out` with a copy for each array that is, or is a view of, one of `held` (parameters the
+    session trains in place, constants the graph owns); the rest are the run's own."""
+    if not held:
+        return out
+    owners = {id(_owner(a)) for a in held}
+    return [a.copy() if id(_owner(a)) in owners else a for a in out]
+
+
+def _owner(a: np.ndarray) -> object:
+    """The object whose memory array `a` views (itself if it owns it)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a if a.base is None else a.base
 
 
 def run_kernel(node: Node, inputs: list[np.ndarray], check_numerics: bool = False) -> np.ndarray:

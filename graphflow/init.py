@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from graphflow.errors import GraphError
+from graphflow.errors import GraphError, did_you_mean
 from graphflow.ops import aligned
 
 Initializer = Callable[[np.random.Generator, tuple[int, ...], dict[str, Any]], np.ndarray]
@@ -54,6 +54,27 @@ INITIALIZERS: dict[str, Initializer] = {
     "glorot_uniform": glorot_uniform, "he_normal": he_normal, "normal": normal,
     "uniform": uniform, "zeros": zeros,
 }
+# the options each initializer reads: any other is a mistake (`stddev` for `scale`), refused
+OPTIONS: dict[str, tuple[str, ...]] = {
+    "glorot_uniform": ("fan_in", "fan_out"), "he_normal": ("fan_in",), "normal": ("scale",),
+    "uniform": ("scale",), "zeros": ("value",),
+}
+
+
+def check_options(init: str, options: dict[str, Any], where: str) -> None:
+    """Raise a GraphError (`where` first: the parameter and the user's line) for an option of
+    `options` that initializer `init` does not read."""
+    known = OPTIONS[init]
+    for key in options:
+        if key not in known:
+            takes = f"its options: {', '.join(known)}" if known else "it takes no options"
+            raise GraphError(f"{where}: initializer '{init}' has no option '{key}'; {takes}"
+                             f"{did_you_mean(key, known)}")
+
+
+def taken(init: str, **options: Any) -> dict[str, Any]:
+    """Those of `options` that `init` reads (a layer offers fan_in and fan_out to any init)."""
+    return {k: v for k, v in options.items() if k in OPTIONS.get(init, ())}
 
 
 def initial_value(name: str, attrs: dict[str, Any], graph_seed: int) -> np.ndarray:

@@ -10,10 +10,18 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from graphflow.errors import CycleError, GraphError, UnknownOpError, located
+from graphflow.errors import (
+    CycleError,
+    DTypeError,
+    GraphError,
+    UnknownOpError,
+    did_you_mean,
+    located,
+)
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -56,7 +64,9 @@ def user_source_line() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_PACKAGE_DIRS) and "importlib" not in path:
+        # (contextlib: a `with gf.device(...)` block's body runs in its __enter__)
+        if not path.startswith(_PACKAGE_DIRS) and "importlib" not in path and (
+                os.path.basename(path) != "contextlib.py"):
             return f"{os.path.basename(path)}:{frame.f_lineno}"
         frame = frame.f_back
     return "<unknown>"
@@ -99,6 +109,14 @@ class Graph:
     """
 
     def __init__(self, dtype: str = "float32", seed: int = 0) -> None:
+        from graphflow.ops.registry import FLOAT_DTYPES  # the registry imports ir
+
+        self.source = user_source_line()  # where it was made: errors tell two graphs apart
+        if not isinstance(dtype, str) or dtype not in FLOAT_DTYPES:
+            hint = did_you_mean(dtype, FLOAT_DTYPES) if isinstance(dtype, str) else ""
+            raise DTypeError(f"Graph ({self.source}): dtype {dtype!r} is not supported, "
+                             f"expected one of {', '.join(FLOAT_DTYPES)} (the default dtype of "
+                             f"placeholders and parameters){hint}")
         self.dtype = dtype  # default float dtype of placeholders and parameters
         self.seed = seed
         self.nodes: list[Node] = []
@@ -106,6 +124,7 @@ class Graph:
         self._name_counts: dict[str, int] = {}
         self._scopes: list[str] = []
         self._devices: list[str | None] = []
+        self._sources: list[str] = []  # autodiff: a gradient node takes its forward node's line
         # node name -> its gradient node's name, recorded by gradients() for placements
         self.gradients: dict[str, str] = {}
 
@@ -116,6 +135,15 @@ class Graph:
 
     def __exit__(self, *exc: object) -> None:
         _graph_stack().pop()
+
+    @contextmanager
+    def sourced(self, source: str) -> Iterator[None]:
+        """Nodes added inside take `source` as their line (autodiff: the forward node's)."""
+        self._sources.append(source)
+        try:
+            yield
+        finally:
+            self._sources.pop()
 
     @property
     def scope(self) -> str:
@@ -154,7 +182,7 @@ class Graph:
         from graphflow.ops.registry import REGISTRY  # the registry imports ir
 
         attrs = dict(attrs or {})
-        source = user_source_line()
+        source = self._sources[-1] if self._sources else user_source_line()
         if name is not None and not isinstance(name, str):
             raise GraphError(f"{op} ({source}): a name must be a str, got "
                              f"{type(name).__name__} {name!r}")
@@ -328,6 +356,12 @@ def _graph_stack() -> list[Graph]:
     if not hasattr(_local, "stack"):
         _local.stack = []
     return _local.stack
+
+
+def open_graph() -> Graph | None:
+    """The innermost graph whose `with` block is open here, or None."""
+    stack = _graph_stack()
+    return stack[-1] if stack else None
 
 
 def current_graph() -> Graph:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from graphflow.dsl import name_scope, parameter
 from graphflow.errors import ShapeError
+from graphflow.init import taken
 from graphflow.ir import Node, current_graph, format_tuple, user_source_line
 from graphflow.ops.conv import conv2d as conv2d_op
 from graphflow.ops.elementwise import add
@@ -94,6 +95,9 @@ def dense(x: Node, units: int, name: str | None = None, init: str = "glorot_unif
     if len(x.shape) != 2:
         raise ShapeError(f"{_where('dense', scope)}: input has {len(x.shape)} dims, expected 2 "
                          f"(N, features); flatten it first")
+    if x.shape[1] is None:
+        raise ShapeError(f"{_where('dense', scope)}: dense needs a known input feature size, "
+                         f"got an input of shape {format_tuple(x.shape)}")
     units = _count(units, "units", "dense", scope)
     with name_scope(scope):
         w = parameter("W", (int(x.shape[1]), units), init=init)
@@ -122,7 +126,8 @@ def local2d(x: Node, filters: int, kernel_size: int | tuple[int, int],
     ow = _out_size(int(x.shape[cols]), kw, sw, pw, "local2d", scope)
     k = kh * kw * channels
     with name_scope(scope):
-        w = parameter("W", (oh, ow, filters, k), init=init, fan_in=k, fan_out=filters)
+        w = parameter("W", (oh, ow, filters, k), init=init,
+                      **taken(init, fan_in=k, fan_out=filters))
         if layout == "HWCN":
             y = local2d_op(x, w, (kh, kw), (sh, sw), (ph, pw))
             return add(y, parameter("b", (oh, ow, filters, 1), init="zeros")) if bias else y
@@ -143,7 +148,7 @@ def conv2d(x: Node, filters: int, kernel_size: int | tuple[int, int],
     _out_size(int(x.shape[3]), kw, sw, pw, "conv2d", scope)
     fan_in = channels * kh * kw
     with name_scope(scope):
-        w = parameter("W", (filters, channels, kh, kw), init=init, fan_in=fan_in,
-                      fan_out=filters * kh * kw)
+        w = parameter("W", (filters, channels, kh, kw), init=init,
+                      **taken(init, fan_in=fan_in, fan_out=filters * kh * kw))
         y = conv2d_op(x, w, (sh, sw), (ph, pw))
         return add(y, parameter("b", (filters, 1, 1), init="zeros")) if bias else y

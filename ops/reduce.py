@@ -16,6 +16,7 @@ from graphflow.ops.registry import (
     Cost,
     Spec,
     apply,
+    axis_arg,
     fmt,
     normalize_axes,
     register,
@@ -192,16 +193,19 @@ register("reduce_max_grad", _infer_max_grad, _max_grad_forward, None, _reduce_co
 def reduce_sum(x: Node, axes: int | Sequence[int] | None = None, keepdims: bool = False,
                name: str | None = None) -> Node:
     """Sum over `axes` (None = all): `reduce_sum(x, 1)` of (N, 5) is (N,)."""
-    return apply("reduce_sum", x, name=name, axes=axes, keepdims=keepdims)
+    return apply("reduce_sum", x, name=name, axes=axis_arg("reduce_sum", axes, "axes", many=True),
+                 keepdims=keepdims)
 
 
 def reduce_mean(x: Node, axes: int | Sequence[int] | None = None, keepdims: bool = False,
                 name: str | None = None) -> Node:
     """Mean over `axes` (None = all); the count may include the batch dim."""
-    return apply("reduce_mean", x, name=name, axes=axes, keepdims=keepdims)
+    return apply("reduce_mean", x, name=name, axes=axis_arg("reduce_mean", axes, "axes", many=True),
+                 keepdims=keepdims)
 
 
 def reduce_max(x: Node, axes: int | Sequence[int] | None = None, keepdims: bool = False,
                name: str | None = None) -> Node:
     """Max over `axes` (None = all); its gradient goes to the first maximal element."""
-    return apply("reduce_max", x, name=name, axes=axes, keepdims=keepdims)
+    return apply("reduce_max", x, name=name, axes=axis_arg("reduce_max", axes, "axes", many=True),
+                 keepdims=keepdims)

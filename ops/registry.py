@@ -14,9 +14,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from graphflow.errors import DTypeError, GraphflowError, ShapeError, located
-from graphflow.ir import Node, Shape, current_graph
+from graphflow.errors import (
+    DTypeError,
+    GraphError,
+    GraphflowError,
+    ShapeError,
+    described,
+    located,
+)
+from graphflow.ir import Graph, Node, Shape, current_graph, open_graph, user_source_line
 from graphflow.ir import format_tuple as fmt  # (8,), not (8): the ops' error messages
+from graphflow.ops.window import is_int
 
 
 class Spec(NamedTuple):
@@ -106,17 +114,33 @@ def register(name: str, infer: Infer, forward: Forward | None, grad: Grad | None
 
 def apply(op: str, *inputs: Node, name: str | None = None, **attrs: Any) -> Node:
     """Add `op` applied to `inputs` to the current graph (the DSL's single entry point)."""
-    inputs = tuple(as_node(x) for x in inputs)
-    graph = inputs[0].graph if inputs else current_graph()
-    assert graph is not None
-    return graph.add(op, inputs, attrs, name=name)
+    graph = _graph_for(op, inputs)
+    return graph.add(op, tuple(as_node(x, graph) for x in inputs), attrs, name=name)
 
 
-def as_node(x: Any) -> Node:
-    """Nodes pass through; Python and NumPy scalars and arrays become constants."""
+def _graph_for(op: str, inputs: Sequence[Any]) -> Graph:
+    """The open graph (else the inputs' one), once every node input is checked to be in it:
+    a node from another graph is named here, before a constant is made for the wrong one."""
+    nodes = [x for x in inputs if isinstance(x, Node)]
+    graph = open_graph()
+    now = "the one open here"
+    if graph is None:  # (`is None`: an empty Graph is falsy, it has a len)
+        graph, now = (nodes[0].graph if nodes else current_graph()), "its other inputs' one"
+    for x in nodes:
+        if x.graph is not graph:
+            made = getattr(x.graph, "source", "<unknown>")
+            raise GraphError(f"{op} ({user_source_line()}): input {x.where()} is not a node of "
+                             f"this graph, {now} (made at {graph.source}): it belongs to the "
+                             f"graph made at {made}; build it inside that graph's `with` block")
+    return graph
+
+
+def as_node(x: Any, graph: Graph | None = None) -> Node:
+    """Nodes pass through; Python and NumPy scalars and arrays become constants in `graph`
+    (default: the current graph)."""
     if isinstance(x, Node):
         return x
-    g = current_graph()
+    g = graph if graph is not None else current_graph()
     value = np.asarray(x, dtype=g.dtype if np.asarray(x).dtype.kind == "f"
                        or isinstance(x, (int, float)) else None)
     return g.add("constant", (), {"value": value})
@@ -165,6 +189,21 @@ def normalize_axes(axes: int | Sequence[int] | None, ndim: int) -> tuple[int, ..
             raise ShapeError(f"axis {a} is out of range for {ndim} dims")
         out.append(a % ndim)
     return tuple(sorted(set(out)))
+
+
+def axis_arg(op: str, value: Any, what: str = "axis", many: bool = False) -> Any:
+    """A DSL function's `what` argument as its attr holds it: an int (NumPy's too) or, with
+    `many`, also a list or tuple of them or None. Anything else is a TypeError naming the op,
+    the argument and what it takes (not a message from inside the shape rule)."""
+    if is_int(value):
+        return int(value)
+    if many and value is None:
+        return None
+    if many and isinstance(value, list | tuple) and all(is_int(a) for a in value):
+        return tuple(int(a) for a in value)
+    takes = "an int, a list of ints or None" if many else "an int"
+    raise TypeError(f"{op} ({user_source_line()}): {what} must be {takes}, got "
+                    f"{described(value)}")
 
 
 def concrete(shape: Shape, batch: int) -> tuple[int, ...]:

@@ -7,17 +7,17 @@ other permutations use the generic strided copy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from math import prod
 from typing import Any
 
 import numpy as np
 from numba import njit
 
-from graphflow.errors import ShapeError
-from graphflow.ir import Node, Shape
+from graphflow.errors import ShapeError, described
+from graphflow.ir import Node, Shape, user_source_line
 from graphflow.ops import strided as K
-from graphflow.ops.registry import Cost, Spec, apply, fmt, register
+from graphflow.ops.registry import Cost, Spec, apply, axis_arg, fmt, register
 
 Grads = Sequence[Node | None]
 
@@ -342,7 +342,10 @@ def flatten(x: Node, name: str | None = None) -> Node:
 
 def concat(xs: Sequence[Node], axis: int, name: str | None = None) -> Node:
     """Join `xs` along `axis` (not the batch dim)."""
-    return apply("concat", *xs, name=name, axis=int(axis))
+    if isinstance(xs, Node | str) or not isinstance(xs, Iterable):
+        raise TypeError(f"concat ({user_source_line()}): xs must be a list of nodes, got "
+                        f"{described(xs)}")
+    return apply("concat", *xs, name=name, axis=axis_arg("concat", axis))
 
 
 def slice_(x: Node, begin: Sequence[int], end: Sequence[int | None],
