@@ -122,12 +122,16 @@ class WorkerCalls:
     def _failure(self, i: int, method: str, e: PeerTimeout | RemoteError) -> WorkerFailed:
         if isinstance(e, PeerTimeout):
             return self._silent(i, method)
-        return WorkerFailed(f"{self.names[i]} failed '{method}': {e.remote}", self.names[i])
+        return WorkerFailed(f"{self._named(i)} failed '{method}': {e.remote}", self.names[i])
+
+    def _named(self, i: int) -> str:
+        """Worker i's name, and its address if remote (another machine's: where to look)."""
+        at = self.clients[i].address
+        return f"{self.names[i]}{f' at {at}' if at.startswith('tcp') else ''}"
 
     def _silent(self, i: int, method: str) -> WorkerFailed:
         self.silent.add(i)
-        at = self.clients[i].address  # (another machine's: where to look)
-        return WorkerFailed(f"{self.names[i]}{f' at {at}' if at.startswith('tcp') else ''} did not "
+        return WorkerFailed(f"{self._named(i)} did not "
                             f"answer '{method}' within {self.clients[i].timeout:g}s (its timeout "
                             f"and the driver's grace for the reply): it died or hangs"
                             f"{self._quote(i)}", self.names[i], silent=True)

@@ -8,6 +8,9 @@ Every error names the file and the entry: `c.toml: workers[1] = 'tcp://:5555': n
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 import tomllib
 from collections.abc import Sequence
 from typing import Any
@@ -16,6 +19,7 @@ from urllib.parse import urlparse
 FORM = "tcp://HOST:PORT"
 CONNECT_TIMEOUT = 10.0  # seconds a remote worker has to answer a driver's first call
 TRAIN_TIMEOUT = 60.0  # seconds a trained split model's worker may be silent in a step
+RESOLVE_TIMEOUT = 2.0  # seconds to look up the workers' host names (to find one listed twice)
 
 
 def address_problem(address: object) -> str | None:
@@ -43,18 +47,47 @@ def address_problem(address: object) -> str | None:
 
 
 def workers_problem(workers: Sequence[object], key: str = "workers") -> tuple[str, str] | None:
-    """(entry, problem) for the first bad one of a list of worker addresses, or None."""
+    """(entry, problem) for the first bad one of a list of worker addresses, or None.
+
+    A worker listed twice (one worker serves one part: a second `load` replaces the first) is
+    found by its resolved (IP, port), however it is spelled: localhost, 127.0.0.1, port 05741.
+    """
     if not workers:
         return f"{key} = []", f"list one \"{FORM}\" per worker"
-    seen: dict[object, int] = {}
     for i, w in enumerate(workers):
-        entry = f"{key}[{i}] = {w!r}"
         if (problem := address_problem(w)) is not None:
-            return entry, problem
-        if w in seen:  # one worker serves one part: a second `load` replaces the first
-            return entry, f"repeats {key}[{seen[w]}]: each worker serves one part"
-        seen[w] = i
+            return f"{key}[{i}] = {w!r}", problem
+    where = _resolve([urlparse(str(w)) for w in workers])
+    for i, w in enumerate(workers):
+        for j in range(i):
+            if same := where[i] & where[j]:
+                ip, port = min(same)
+                return (f"{key}[{i}] = {w!r}",
+                        f"the same worker ({ip} port {port}) as {key}[{j}] = {workers[j]!r}: "
+                        "each worker serves one part")
     return None
+
+
+def _resolve(urls: Sequence[Any]) -> list[set[tuple[str, int]]]:
+    """Each tcp URL's set of (IP, port); (its host name as written, port) where the lookup
+    fails or takes over RESOLVE_TIMEOUT in all (lookups run side by side, in threads)."""
+    found: list[set[tuple[str, int]]] = [{(u.hostname.lower(), u.port)} for u in urls]
+
+    def look(i: int, host: str, port: int) -> None:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            return  # (unknown here: the driver's connect will say so)
+        found[i] = {(info[4][0], port) for info in infos}
+
+    threads = [threading.Thread(target=look, args=(i, u.hostname, u.port), daemon=True)
+               for i, u in enumerate(urls)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + RESOLVE_TIMEOUT
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return list(found)
 
 
 def check_hosts(hosts: Sequence[object], parts: int, path: str = "") -> None:

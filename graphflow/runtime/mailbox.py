@@ -112,6 +112,8 @@ class Mailbox:
         arrived; with `block`, wait for one until `deadline` (then PeerTimeout, naming the peer
         and the key)."""
         self._check_aborted()
+        if self._send_error is not None:  # (a refused send: peers wait for it in vain)
+            raise StepFailed(f"{self.name}: {self._send_error}")
         early = [k for (k, s) in self._stash if s == step and k in waiting]
         got = [({"key": k}, self._stash.pop((k, step))) for k in early]
         while True:

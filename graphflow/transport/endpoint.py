@@ -31,9 +31,11 @@ import zmq
 
 from graphflow.transport.curve import CurveConfig, allow_clients, disallow_clients
 from graphflow.transport.frames import (
+    MAX_FRAME_BYTES,
     FrameError,
     TransportError,
     decode_tensor,
+    short_key,
     tensor_header,
     wire_array,
 )
@@ -70,6 +72,13 @@ def tune(sock: zmq.Socket, hwm: int, linger_ms: int) -> zmq.Socket:
     return sock
 
 
+def allow_ipv6(sock: zmq.Socket, address: str) -> None:
+    """Turn IPv6 on for an IPv6 address (tcp://[::1]:PORT: libzmq refuses it otherwise). Only
+    then: an IPv4 socket with it on names itself tcp://[::ffff:127.0.0.1]:PORT."""
+    if address.startswith("tcp://") and ":" in address[6:].rpartition(":")[0]:
+        sock.ipv6 = 1
+
+
 class Endpoint:
     """One worker's tensor inbox (bound PULL) and outboxes (a PUSH per peer).
 
@@ -88,7 +97,8 @@ class Endpoint:
 
     def __init__(self, name: str, bind: str, context: zmq.Context | None = None,
                  timeout: float = 30.0, *, curve: CurveConfig | None = None, hwm: int = 16,
-                 max_msg_size: int = 1 << 30, linger: float = 1.0, rings: bool = True) -> None:
+                 max_msg_size: int = MAX_FRAME_BYTES, linger: float = 1.0,
+                 rings: bool = True) -> None:
         self.name, self.timeout, self.curve = name, timeout, curve
         self._ctx = context if context is not None else zmq.Context.instance()
         self._hwm, self._linger_ms = hwm, int(linger * 1000)
@@ -117,6 +127,7 @@ class Endpoint:
         try:
             if curve is not None:
                 self._serve_curve(curve)
+            allow_ipv6(self._pull, bind)
             self._pull.bind(bind)
         except zmq.ZMQError as e:
             self.close()
@@ -155,6 +166,7 @@ class Endpoint:
             sock.curve_publickey = self.curve.public_key
             sock.curve_serverkey = server_public
         try:
+            allow_ipv6(sock, address)
             sock.connect(address)
         except zmq.ZMQError as e:
             sock.close(0)
@@ -209,7 +221,7 @@ class Endpoint:
         if sock is None:
             raise TransportError(f"{self.name}: no peer {peer!r} to send {key!r} to "
                                  f"(connected: {', '.join(self._push) or 'none'})")
-        a, dtype = wire_array(array, lambda: f"{self.name}: tensor {key!r}")
+        a, dtype = wire_array(array, lambda: f"{self.name}: tensor {short_key(key)}")
         ring = self._ring(peer) if a.nbytes >= RING_MIN_BYTES else None
         ref = ring.put(a) if ring is not None else None
         header = tensor_header(key, self.name, dtype, a.shape, step, ref)

@@ -28,12 +28,17 @@ _NATIVE = {np.dtype(n): n for n in DTYPES}       # native dtype -> wire name (fa
 _BY_NAME = {n: np.dtype(n) for n in DTYPES}
 MAX_DIMS = 8
 TENSOR_HEADER_MAX = 4096                # bytes
+TENSOR_STR_MAX = 1024                   # bytes of a header's string (key, src): unpack limit
 CONTROL_HEADER_MAX = 16 * 1024 * 1024   # bytes; plans are about 1 MB of msgpack
+# bytes in one frame: receivers set it as MAXMSGSIZE, and libzmq drops (disconnects) a peer
+# that sends more, silently; so senders refuse a larger array themselves
+MAX_FRAME_BYTES = 1 << 30
+_KEY_SHOWN = 80                         # characters of a key quoted in an error
 _ND_EXT = 1                             # msgpack ExtType code of an array reference
 _SHARED_EXT = 2                         # ... of a shared-memory array (transport/shared.py)
 
 _unpackb = functools.partial(msgpack.unpackb, raw=False, strict_map_key=True)
-_TENSOR_UNPACK = functools.partial(_unpackb, max_str_len=1024, max_bin_len=0,
+_TENSOR_UNPACK = functools.partial(_unpackb, max_str_len=TENSOR_STR_MAX, max_bin_len=0,
                                    max_array_len=64, max_map_len=16, max_ext_len=0)
 _CONTROL_UNPACK = functools.partial(_unpackb, max_str_len=4 * 1024 * 1024,
                                     max_bin_len=CONTROL_HEADER_MAX, max_array_len=1 << 21,
@@ -52,10 +57,17 @@ class FrameError(TransportError):
     """A received message is malformed or hostile: it names the key / sender when known."""
 
 
+def short_key(key: str) -> str:
+    """`key` quoted for an error message, cut to its first characters if long."""
+    if len(key) <= _KEY_SHOWN:
+        return repr(key)
+    return f"{key[:_KEY_SHOWN - 20]!r}... ({len(key)} characters)"
+
+
 def _where(key: Any = None, src: Any = None) -> str:
-    parts = [f"tensor {key!r}" if isinstance(key, str) else "message"]
+    parts = [f"tensor {short_key(key)}" if isinstance(key, str) else "message"]
     if isinstance(src, str):
-        parts.append(f"from {src!r}")
+        parts.append(f"from {short_key(src)}")
     return " ".join(parts)
 
 
@@ -79,6 +91,7 @@ def _view(frame: Any) -> memoryview:
 def wire_array(array: Any, what: Any = "array") -> tuple[np.ndarray, str]:
     """(`array` as a C-contiguous native-endian ndarray, its dtype name); copies if needed."""
     a = np.asarray(array)
+    check_frame_size(a.nbytes, what)  # (before a copy: a broadcast view may be huge)
     name = _NATIVE.get(a.dtype)
     if name is None:
         if a.dtype.name not in DTYPES:
@@ -87,6 +100,15 @@ def wire_array(array: Any, what: Any = "array") -> tuple[np.ndarray, str]:
         name = a.dtype.name
         a = a.astype(a.dtype.newbyteorder("="))
     return (a if a.flags.c_contiguous else a.copy(order="C")), name
+
+
+def check_frame_size(nbytes: int, what: Any = "array") -> None:
+    """FrameError if an array of `nbytes` is over MAX_FRAME_BYTES: the receiver would drop it
+    and close the connection without a word (the sender then waits its whole timeout)."""
+    if nbytes > MAX_FRAME_BYTES:
+        raise FrameError(f"{describe(what)}: {nbytes} bytes cannot be sent, over the "
+                         f"{MAX_FRAME_BYTES}-byte limit of one zmq frame (MAX_FRAME_BYTES); "
+                         "send it in parts")
 
 
 def array_nbytes(dtype: Any, shape: Any, where: Any) -> int:
@@ -154,13 +176,19 @@ def tensor_header(key: str, src: str, dtype: str, shape: tuple[int, ...], step: 
                   ring: list[Any] | None = None) -> bytes:
     """A tensor message's header; `ring` names the shared-memory slot holding the bytes
     (transport/ring.py), in place of the second frame's."""
+    for field, text in (("key", key), ("src", src)):  # (a receiver would drop it unread)
+        if len(text.encode()) > TENSOR_STR_MAX:
+            raise FrameError(f"{_where(key, src)}: its {field} of {len(text.encode())} bytes "
+                             f"is over the {TENSOR_STR_MAX}-byte limit (TENSOR_STR_MAX): "
+                             "give the node a shorter name")
     meta = {"key": key, "src": src, "dtype": dtype, "shape": list(shape), "step": int(step)}
     if ring is not None:
         meta["ring"] = ring
     header = msgpack.packb(meta)
     if len(header) > TENSOR_HEADER_MAX:
-        raise FrameError(f"{_where(key, src)}: header of {len(header)} bytes exceeds "
-                         f"{TENSOR_HEADER_MAX} (key too long?)")
+        raise FrameError(f"{_where(key, src)}: header of {len(header)} bytes exceeds the "
+                         f"{TENSOR_HEADER_MAX}-byte limit (a key of {len(key)} characters: "
+                         "give the node a shorter name)")
     return header
 
 
@@ -186,7 +214,8 @@ def _decode_usual(header: Any, buffer: Any, ring: Ring | None
     if head.nbytes > TENSOR_HEADER_MAX:
         return None
     try:  # _TENSOR_UNPACK's limits, spelled out (through the partial it took 0.2 us more)
-        meta = msgpack.unpackb(head, raw=False, strict_map_key=True, max_str_len=1024,
+        meta = msgpack.unpackb(head, raw=False, strict_map_key=True,
+                               max_str_len=TENSOR_STR_MAX,
                                max_bin_len=0, max_array_len=64, max_map_len=16, max_ext_len=0)
     except Exception:  # noqa: BLE001 - malformed: the full check explains
         return None
@@ -266,7 +295,7 @@ def encode_message(obj: Any) -> list[Any]:
 
     def default(o: Any) -> Any:
         if isinstance(o, np.ndarray):
-            a, dtype = wire_array(o)
+            a, dtype = wire_array(o, lambda: f"message: array {_path_to(obj, o) or '?'}")
             arrays.append(a)
             ref = msgpack.packb([len(arrays) - 1, dtype, *a.shape])
             return msgpack.ExtType(_ND_EXT, ref)
@@ -280,6 +309,20 @@ def encode_message(obj: Any) -> list[Any]:
     if len(header) > CONTROL_HEADER_MAX:
         raise FrameError(f"message: header of {len(header)} bytes exceeds {CONTROL_HEADER_MAX}")
     return [header, *arrays]
+
+
+def _path_to(obj: Any, target: Any, depth: int = 8) -> str | None:
+    """Where `target` sits in `obj`, as `['args']['feeds']['x']` (for an error about it)."""
+    if obj is target:
+        return ""
+    if depth == 0:
+        return None
+    items = obj.items() if isinstance(obj, dict) else \
+        enumerate(obj) if isinstance(obj, list | tuple) else ()
+    for k, v in items:
+        if (sub := _path_to(v, target, depth - 1)) is not None:
+            return f"[{k!r}]{sub}"
+    return None
 
 
 def message_id(frames: list[Any]) -> Any:

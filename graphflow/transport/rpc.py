@@ -25,8 +25,9 @@ from typing import Any
 
 import zmq
 
-from graphflow.transport.endpoint import PeerTimeout, tune
+from graphflow.transport.endpoint import PeerTimeout, allow_ipv6, tune
 from graphflow.transport.frames import (
+    MAX_FRAME_BYTES,
     FrameError,
     TransportError,
     decode_message,
@@ -65,7 +66,7 @@ class RpcServer:
     """
 
     def __init__(self, bind: str, context: zmq.Context | None = None, *, hwm: int = 64,
-                 max_msg_size: int = 1 << 30, linger: float = 1.0,
+                 max_msg_size: int = MAX_FRAME_BYTES, linger: float = 1.0,
                  copy_results: bool = True) -> None:
         self._copy = copy_results
         # shared-memory arrays only from this machine: an ipc socket is a file of this user's
@@ -75,6 +76,7 @@ class RpcServer:
         self._sock.maxmsgsize = max_msg_size
         self._sock.sndtimeo = 0  # ROUTER drops replies to vanished clients; never block on one
         self._sock.router_mandatory = 1  # (and says so: `reaches`)
+        allow_ipv6(self._sock, bind)
         try:
             self._sock.bind(bind)
         except zmq.ZMQError as e:
@@ -170,6 +172,7 @@ class RpcClient:
         # for another's (as a run's, called while a stream's steps are in flight)
         self._waiting: set[int] = set()
         self._kept: dict[int, dict[str, Any]] = {}
+        allow_ipv6(self._sock, address)
         self._sock.connect(address)
 
     @property
