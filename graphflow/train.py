@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
@@ -27,6 +28,7 @@ from graphflow.optim import Optimizer
 from graphflow.partitioners import partition
 from graphflow.prediction import best_microbatches
 from graphflow.progress import Progress
+from graphflow.replicas.feed import LOCKSTEP
 from graphflow.runtime.cluster import Cluster
 from graphflow.runtime.clusterfile import CONNECT_TIMEOUT, TRAIN_TIMEOUT
 from graphflow.runtime.options import check_cluster_options
@@ -193,19 +195,30 @@ class DataParallelTrainer(Trainer):
     def _fit(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], steps: int,
              progress: bool = True, log_every: int = 10) -> History:
         """`steps` mini-batches in all, each taken by whichever replica is free (lockstep
-        modes: rounded up to whole rounds, `ReplicaManager.steps_to_run`)."""
+        modes: rounded up to whole rounds, `ReplicaManager.steps_to_run`). The history's
+        losses: in the lockstep modes (bsp, allreduce) a round's mean over its replicas, at the
+        steps run by the end of that round, so the last one is the last round's mean; in the
+        asynchronous modes, the loss of the step that finished at that point in time (the
+        last one: whichever replica's step finished last)."""
         seen = {r: len(losses) for r, losses in self.manager.record.losses.items()}
         with Progress(self.manager.steps_to_run(steps), "train", enabled=progress) as bar:
             def report(done: int, loss: float) -> None:
                 bar.update(done - bar.done, loss=loss)
             record = self.manager.fit(batches, steps, progress=report)
         self.step_count += record.steps_run
+        new = {r: losses[seen.get(r, 0):] for r, losses in record.losses.items()}
+        if self.manager.options.mode in LOCKSTEP:
+            points = _round_means(new)
+        else:
+            merged = sorted(x for losses in new.values() for x in losses)
+            points = [(i + 1, loss) for i, (_, _, loss) in enumerate(merged)]
         history = History()  # (of this fit: the record keeps every fit's losses)
-        merged = sorted(x for r, losses in record.losses.items() for x in losses[seen.get(r, 0):])
-        for i, (_, _, loss) in enumerate(merged):
-            if (i + 1) % log_every == 0 or i == len(merged) - 1:
-                history.steps.append(i + 1)
+        before = 0
+        for i, (done, loss) in enumerate(points):
+            if done // log_every > before // log_every or i == len(points) - 1:
+                history.steps.append(done)
                 history.losses.append(loss)
+            before = done
         return history
 
     def _logits_of(self) -> Session:
@@ -215,3 +228,18 @@ class DataParallelTrainer(Trainer):
 
     def close(self) -> None:
         self.manager.close()
+
+
+def _round_means(losses: dict[int, list[tuple[float, int, float]]]) -> list[tuple[int, float]]:
+    """Lockstep replicas' (time, step, loss) records -> (steps run by the end of the round,
+    the round's mean loss) per round: fsum, so the mean does not depend on which replica
+    reported first (nor which took which of the round's batches)."""
+    rounds: dict[int, list[float]] = {}
+    for records in losses.values():
+        for _, step, loss in records:
+            rounds.setdefault(step, []).append(loss)
+    points, done = [], 0
+    for step in sorted(rounds):
+        done += len(rounds[step])
+        points.append((done, math.fsum(rounds[step]) / len(rounds[step])))
+    return points

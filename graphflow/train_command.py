@@ -18,6 +18,7 @@ from graphflow.argtypes import (
     output_file,
     seconds,
 )
+from graphflow.replicas.options import REPLICA_TIMEOUT
 from graphflow.runtime.clusterfile import CONNECT_TIMEOUT, TRAIN_TIMEOUT
 from graphflow.runtime.pipeline import SCHEDULES
 
@@ -84,8 +85,9 @@ def _model_parallel_options(m: Any) -> None:
                    help="pipeline schedule: gpipe, 1f1b, or eager (1F1B with twice the "
                         "warm-up forwards; the default)")
     m.add_argument("--timeout", type=seconds, default=None, metavar="SECONDS",
-                   help="a worker silent this long fails the step, naming it "
-                        f"(default {TRAIN_TIMEOUT:g})")
+                   help="a worker silent this long fails the step, naming it (default "
+                        f"{TRAIN_TIMEOUT:g}; with --replicas {REPLICA_TIMEOUT:g}, and the bsp "
+                        "barrier drops a replica after a third of it, 10 s at most)")
     m.add_argument("--connect-timeout", type=seconds, default=None, metavar="SECONDS",
                    help="--cluster: how long a worker has to answer first "
                         f"(default {CONNECT_TIMEOUT:g})")
@@ -260,7 +262,8 @@ def _replica_options(args: argparse.Namespace) -> ReplicaOptions:
         algorithm=args.allreduce,
         shard_placement="processes" if args.checkpoint_dir else "threads",
         checkpoint_dir=None if args.checkpoint_dir is None else str(args.checkpoint_dir),
-        **({"connect_timeout": args.connect_timeout} if args.connect_timeout else {}))
+        **({"connect_timeout": args.connect_timeout} if args.connect_timeout else {}),
+        **({"timeout": args.timeout} if args.timeout else {}))
 
 
 def _check_resume(args: argparse.Namespace, model: Model, parts: int) -> None:
@@ -358,9 +361,9 @@ def conflict(args: argparse.Namespace) -> str | None:
         return "--schedule orders micro-batches: it needs --microbatches N (N > 1) or auto"
     if args.check_numerics and args.replicas > 1:
         return "--check-numerics checks one process or one split model, not --replicas"
-    if args.timeout is not None and not split:
-        return ("--timeout is a split model's workers': it needs --parts N (N > 1) or "
-                "--cluster FILE, and no --replicas")
+    if args.timeout is not None and not split and args.replicas == 1:
+        return ("--timeout is for workers: it needs --parts N (N > 1), --cluster FILE or "
+                "--replicas R (R > 1)")
     if args.warm_start and args.sync in ("bsp", "allreduce"):
         return (f"--warm-start: replica 0 cannot run alone with --sync {args.sync}, whose "
                 "every step waits for every replica")

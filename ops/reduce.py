@@ -24,6 +24,8 @@ from graphflow.ops.registry import (
 )
 
 Grads = Sequence[Node | None]
+LONG_SUM = 128  # float32 sums of more elements than this accumulate in float64 (numpy's
+# pairwise sum, too, adds 128 one after another)
 
 
 @njit(cache=True, nogil=True)
@@ -64,11 +66,16 @@ def reduce_array(code: int, x: np.ndarray, axes: tuple[int, ...], keepdims: bool
     kept = tuple(1 if d in axes else n for d, n in enumerate(x.shape))
     if code == K.R_MAX and any(x.shape[d] == 0 for d in axes):
         raise ValueError(f"reduce_max over an empty axis of an input of shape {x.shape}")
-    out = np.full(kept, 0 if code == K.R_SUM else -np.inf, x.dtype)
+    # long float32 sums run into float64: reduce_6d adds element after element to dst, and a
+    # float32 running total of millions of elements loses its low bits (50M ones-ish: 0.1%)
+    long = code == K.R_SUM and x.dtype == np.float32 and _count(x.shape, axes) > LONG_SUM
+    acc = np.float64 if long else x.dtype
+    out = np.full(kept, 0 if code == K.R_SUM else -np.inf, acc)
     if x.size:
         strides = tuple(0 if d in axes else s for d, s in enumerate(out.strides))
         dst = np.lib.stride_tricks.as_strided(out, x.shape, strides)
         K.reduce_6d(code, *K.as_6d(x, dst))
+    out = out.astype(x.dtype, copy=False)
     if keepdims:
         return out
     return out.reshape([n for d, n in enumerate(x.shape) if d not in axes])

@@ -17,6 +17,7 @@ ADD, SUB, MUL, DIV, MAXIMUM, NEG, EXP, LOG, SQRT, SQUARE, RELU, SIGMOID, TANH = 
 RELU_GRAD, SIGMOID_GRAD, TANH_GRAD, MAX_GRAD_A, MAX_GRAD_B, FILL, SQRT_GRAD = range(13, 20)
 # reduction codes
 R_SUM, R_MAX = 0, 1
+SUM_BLOCK = 128  # elements a row sum adds in its input's dtype (_blocked_sum)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -160,21 +161,41 @@ def reduce_6d(code: int, src: np.ndarray, dst: np.ndarray) -> None:
 def _reduce_inner(code: int, src: np.ndarray, dst: np.ndarray) -> None:
     """reduce_6d when the innermost dim is reduced: each row runs into a local accumulator
     (the loop in reduce_6d would store to one address every element, a serial chain at a few
-    cycles each: 3.9 ms for lc1's bias gradient; reassociated, the row sum is vectorised)."""
+    cycles each: 3.9 ms for lc1's bias gradient; reassociated, the row sum is vectorised).
+    Sums are blocked (_blocked_sum): a float32 running total of millions loses its low bits."""
     s0, s1, s2, s3, s4, s5 = src.shape
     for i0 in range(s0):
         for i1 in range(s1):
             for i2 in range(s2):
                 for i3 in range(s3):
                     for i4 in range(s4):
-                        acc = dst[i0, i1, i2, i3, i4, 0]
                         if code == R_SUM:
-                            for i5 in range(s5):
-                                acc += src[i0, i1, i2, i3, i4, i5]
+                            dst[i0, i1, i2, i3, i4, 0] = _blocked_sum(
+                                src[i0, i1, i2, i3, i4], dst[i0, i1, i2, i3, i4, 0])
                         else:
+                            acc = dst[i0, i1, i2, i3, i4, 0]
                             for i5 in range(s5):
                                 acc = max(acc, src[i0, i1, i2, i3, i4, i5])
-                        dst[i0, i1, i2, i3, i4, 0] = acc
+                            dst[i0, i1, i2, i3, i4, 0] = acc
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "nsz"}, inline="always")
+def _blocked_sum(row: np.ndarray, start: float) -> float:
+    """start + sum(row): SUM_BLOCK elements at a time in row's dtype (vectorised), the blocks'
+    sums in float64, so a long float32 row keeps its low bits."""
+    zero = row[:0].sum()  # (0 in row's dtype)
+    n = row.shape[0]
+    full = n - n % SUM_BLOCK
+    total = np.float64(start)
+    for begin in range(0, full, SUM_BLOCK):
+        part = zero
+        for i in range(SUM_BLOCK):
+            part += row[begin + i]
+        total += part
+    part = zero
+    for i in range(full, n):
+        part += row[i]
+    return total + part
 
 
 @njit(cache=True, nogil=True)

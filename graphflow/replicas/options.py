@@ -21,6 +21,8 @@ from graphflow.runtime.options import MODES as WORKER_MODES
 from graphflow.runtime.options import check_seconds
 
 MODES = (*PS_MODES, "allreduce", "sandblaster")
+REPLICA_TIMEOUT = 30.0  # s: the default timeout
+BSP_DEADLINE = 10.0  # s: the default bsp_deadline (under REPLICA_TIMEOUT / 2)
 
 
 @dataclass
@@ -31,7 +33,10 @@ class ReplicaOptions:
     downpour's fetch and push intervals in steps; `staleness`: ssp's s; `warm_start`: steps
     replica 0 runs alone first (downpour; ssp up to staleness + 1); `compress`: None,
     "float16" or "topk:FRACTION"; `slow`: replica -> seconds added to each of its steps (for
-    experiments and tests).
+    experiments and tests). `timeout`: how long a replica's worker may be silent before its
+    step fails (naming it); `bsp_deadline`: how long the bsp barrier waits for a replica
+    before dropping it, by default 10 s or timeout / 3 if less (under the timeout / 2 the
+    waiting replicas retry their PS calls for).
 
     Placement: `placement` threads or processes of this machine, or `hosts`: the control
     addresses of `graphflow worker`s elsewhere, replicas x parts of them (replica r gets
@@ -50,8 +55,8 @@ class ReplicaOptions:
     shard_placement: str = "threads"
     checkpoint_dir: str | None = None
     checkpoint_every: int = 200
-    bsp_deadline: float = 10.0  # < timeout / 2: the barrier drops a replica before others give up
-    timeout: float = 30.0
+    bsp_deadline: float | None = None  # None: BSP_DEADLINE, or timeout / 3 if less
+    timeout: float = REPLICA_TIMEOUT  # a replica's worker silent this long fails its step
     connect_timeout: float = CONNECT_TIMEOUT  # remote workers' time to answer the first call
     ps_timeout: float = 2.0
     slow: dict[int, float] = field(default_factory=dict)
@@ -63,6 +68,9 @@ class ReplicaOptions:
             raise ValueError(f"unknown mode '{self.mode}'; known: {', '.join(MODES)}")
         if self.algorithm not in ("ring", "tree"):
             raise ValueError(f"unknown allreduce algorithm '{self.algorithm}': ring or tree")
+        if self.bsp_deadline is None:  # (under the waiting replicas' timeout / 2 retries:
+            check_seconds("timeout", self.timeout)  # the barrier drops one before they give up)
+            self.bsp_deadline = min(BSP_DEADLINE, self.timeout / 3)
         self._check_values()
         if self.hosts and not self.ps_host and self.mode != "allreduce":
             raise ValueError("replicas on remote workers need ps_host: an address of this "
