@@ -40,6 +40,7 @@ from graphflow.runtime.heap import keep_freed_memory
 from graphflow.runtime.inflight import FeedBuffers, SentStep
 from graphflow.runtime.launch import PROCESS_START, LocalWorkers, reap
 from graphflow.runtime.options import check_cluster_options, check_pipeline
+from graphflow.runtime.ownership import check_workers
 from graphflow.runtime.planargs import Feeds, Fetches, PlanArgs
 from graphflow.runtime.worker import worker_name
 from graphflow.serialize import graph_to_dict
@@ -165,16 +166,16 @@ class Cluster:
     def _greet(self) -> None:
         """The first call. A local process has at least PROCESS_START s to start (Python and
         its imports take seconds on a busy machine; one that dies is still named within a
-        second). A remote worker is attached to this driver's run, and must answer within
-        `connect_timeout` (a wrong address fails in seconds, not after `timeout`)."""
+        second). A remote worker, of this graphflow (check_workers), is attached to this run;
+        it must answer within `connect_timeout` (a wrong address fails fast)."""
         wait = self.clients[0].timeout
         if self.mode != "remote":
-            self._first_call("hello", {}, max(wait, PROCESS_START * (self.mode == "processes")))
+            self._first_call(max(wait, PROCESS_START * (self.mode == "processes")), ("hello", {}))
             return
         first = min(self.connect_timeout, wait)
         try:
-            self._first_call("attach", {"driver": f"{socket.gethostname()} pid {os.getpid()}"},
-                             first)
+            self._first_call(first, ("hello", {}), ("attach", {
+                "driver": f"{socket.gethostname()} pid {os.getpid()}", "run": self._local.run}))
         except WorkerFailed as e:
             self.attached = True  # (some may have: close releases every one that answered)
             if not e.silent:
@@ -187,13 +188,19 @@ class Cluster:
                                e.worker, silent=True) from None
         self.attached = True
 
-    def _first_call(self, method: str, args: Mapping[str, Any], seconds: float) -> None:
-        """`call_all`, each worker given `seconds` to answer (then back to its timeout)."""
+    def _first_call(self, seconds: float, *calls: tuple[str, Mapping[str, Any]]) -> None:
+        """`calls` (method, args) sent at once to each worker, given `seconds` to answer (then
+        its timeout): one answering attaches though another is silent; `hello` checked first."""
         wait = self.clients[0].timeout
         for client in self.clients:
             client.timeout = seconds
         try:
-            self.call_all(method, args)
+            sent = [(m, {i: self._calls.send(i, m, a) for i in range(len(self.clients))})
+                    for m, a in calls]
+            for method, rids in sent:
+                replies = self._calls.gather(method, rids)
+                if method == "hello":
+                    check_workers(self.names, self.control, [replies[i] for i in rids])
         finally:
             for client in self.clients:
                 client.timeout = wait
@@ -240,14 +247,12 @@ class Cluster:
             for out in cluster.stream(batches):
                 print(out["loss"])
 
-        Other calls may come between its steps (a run of the logits on held-out data,
-        `params()`): they see the parameters after the steps already sent (up to `ahead`
-        beyond the one just yielded).
-
-        A consumer that stops early leaves the steps already sent to finish when the stream
-        is closed. Close it where you stop (`with contextlib.closing(cluster.stream(...))`)
-        to have such a step's failure raised there: a stream left to the garbage collector
-        can only print it, and the cluster's next call fails naming the worker. When
+        Other calls may come between its steps (the logits of held-out data, `params()`):
+        they see the parameters after the steps already sent. A consumer that stops early
+        leaves the steps already sent to finish when the stream is closed. Close it where
+        you stop (`with contextlib.closing(cluster.stream(...))`) to have such a step's
+        failure raised there: a stream left to the garbage collector can only print it, and
+        the cluster's next call fails naming the worker. When
         `batches` raises (or a batch is refused), the steps already sent finish too before
         that exception propagates: a failure of theirs is raised, chained to it.
         """
@@ -329,9 +334,8 @@ class Cluster:
                                  "loss=..., as gf.partition(model.graph, parts, strategy, "
                                  "loss=model.loss)")
         grads = self.plan.grads
-        if "loss" in grads:  # (the key of the loss)
-            raise GraphflowError("a parameter is named 'loss': rename it to get its gradient "
-                                 "from gradients(), or run() its gradient node")
+        if "loss" in grads:  # (the loss's key)
+            raise GraphflowError("a parameter is named 'loss': rename it, or run() its gradient")
         out = self.run(feeds, [self.plan.loss, *grads.values()])
         return {"loss": out[self.plan.loss], **{p: out[g] for p, g in grads.items()}}
 

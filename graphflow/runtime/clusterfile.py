@@ -60,6 +60,8 @@ def workers_problem(workers: Sequence[object], key: str = "workers") -> tuple[st
     where = _resolve([urlparse(str(w)) for w in workers])
     for i, w in enumerate(workers):
         for j in range(i):
+            if w == workers[j]:
+                return f"{key}[{i}] = {w!r}", f"repeats {key}[{j}]: each worker serves one part"
             if same := where[i] & where[j]:
                 ip, port = min(same)
                 return (f"{key}[{i}] = {w!r}",

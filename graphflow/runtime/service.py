@@ -6,7 +6,8 @@ machine (`graphflow worker --listen tcp://HOST:PORT`); only the addresses differ
 A served worker outlives its drivers: one that did not start it `attach`es, and `release`s it
 when done; the worker drops that run (subgraph, endpoints, links, trace) and waits for the next.
 A driver that is gone without releasing (its connection ended) is replaced by the next to
-attach; a connected one is not. A driver `shutdown`s only the workers it started itself.
+attach; a connected one is not (runtime/ownership.py). A driver `shutdown`s only the workers
+it started itself.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import zmq
 from graphflow.lifetime import exit_with_parent
 from graphflow.optim import make_optimizer
 from graphflow.runtime.mailbox import PeerFailed
+from graphflow.runtime.ownership import PROTOCOL, Owners, graphflow_version
 from graphflow.runtime.worker import Worker, worker_name
 
 if TYPE_CHECKING:
@@ -46,21 +48,19 @@ FULL_COLLECTION_EVERY = 100  # steps: cycles promoted to the old generation are 
 # ends the loop at once. At 0.1 s, with the mailbox's receiver at 0.05, a dozen idle 2-worker
 # clusters made a busy pinned one's steps 8% slower (speech-mlp, pipelined).
 IDLE_WAIT = 1.0
-ANYONE = frozenset({"hello", "attach", "release"})  # what any driver may ask, attached or not
 
 
 class WorkerService:
     """RPC handlers around one Worker, created by `load`. With `own_gc` (a worker process,
     not a thread in someone else's), it schedules the process's garbage collection. `say`
     reports drivers attaching and leaving (a served worker's stderr); with `once`, the first
-    driver's `release` ends the service."""
+    driver's `release` (or its end: `first_driver_gone`) ends the service."""
 
     def __init__(self, context: zmq.Context | None = None, own_gc: bool = False,
                  say: Callable[[str], None] | None = None, once: bool = False) -> None:
         self.context = context
         self.own_gc, self.say, self.once = own_gc, say, once
-        self.owner: bytes | None = None  # the attached driver's routing id (RpcServer.caller)
-        self.driver = ""  # how it described itself
+        self.owners = Owners(self._say)  # which driver is attached, which were taken over
         self._server: RpcServer | None = None  # the server answering, who knows the caller
         self._silent: str | None = None  # a peer never delivered in this step: later ones fail
         self._steps = 0  # steps answered since the last load
@@ -76,7 +76,7 @@ class WorkerService:
 
     def handlers(self, server: RpcServer | None = None) -> dict[str, Any]:
         """Method name -> handler. Given the `server` that answers with them, a caller other
-        than the attached driver is refused all but ANYONE's methods."""
+        than the attached driver is refused all but ownership.ANYONE's methods."""
         methods = {"hello": self.hello, "load": self.load, "connect": self.connect,
                    "step": self.step, "get_params": self.get_params,
                    "set_params": self.set_params, "ps_attach": self.ps_attach,
@@ -91,10 +91,12 @@ class WorkerService:
         return {method: partial(self._admitted, method, fn) for method, fn in methods.items()}
 
     def _admitted(self, method: str, fn: Callable[..., Any], **args: Any) -> Any:
-        if self.owner not in (None, self._caller()) and method not in ANYONE:
-            raise RuntimeError(f"{method!r} refused: this worker now serves driver "
-                               f"{self.driver}, which took it over while this driver seemed gone")
+        self.owners.admit(method, self._caller())
         return fn(**args)
+
+    @property
+    def owner(self) -> bytes | None:  # the attached driver's routing id (RpcServer.caller)
+        return self.owners.owner
 
     def _caller(self) -> bytes | None:
         return self._server.caller if self._server is not None else None
@@ -109,34 +111,38 @@ class WorkerService:
         return self.worker
 
     def hello(self) -> dict[str, Any]:
-        return {"pid": os.getpid()}
+        """Who answers: the driver refuses another graphflow's (ownership.check_workers)."""
+        return {"pid": os.getpid(), "version": graphflow_version(), "protocol": PROTOCOL}
 
-    def attach(self, driver: str = "") -> dict[str, Any]:
-        """Start the calling driver's run (`driver` describes it); `hello`'s reply. A worker
-        whose driver is gone without `release` is taken over (that run dropped); one whose
-        driver is still connected is not: RuntimeError."""
-        who = self._caller()
-        if self.owner is None or who != self.owner:
-            if self.owner is not None and self._server is not None:
-                if self._server.reaches(self.owner):
-                    raise RuntimeError(f"this worker serves driver {self.driver}, which is still "
-                                       f"connected: it is free once that driver closes")
-                self._say(f"driver {self.driver} is gone without releasing: its run is dropped")
-            self._say(f"driver {driver} attached")
+    def attach(self, driver: str = "", run: str = "") -> dict[str, Any]:
+        """Start the calling driver's run (`driver` describes it, `run` its Cluster); `hello`'s
+        reply. A worker whose driver is gone without `release` is taken over (that run dropped;
+        with `once`, it exits instead); one whose driver is connected is not: RuntimeError."""
+        if self.first_driver_gone():
+            raise RuntimeError(f"this worker (--once) served driver {self.owners.driver}, "
+                               f"which is gone: it exits")
+        if self.owners.attach(self._caller(), driver, run, self._server):
             self._drop_run()
-        self.owner, self.driver = who, driver
         return self.hello()
 
     def release(self) -> bool:
         """The attached driver is done: drop its run and wait for the next one (with `once`,
         stop). False, and nothing done, for a driver this worker no longer serves."""
-        if self._caller() != self.owner:
+        if not self.owners.release(self._caller()):
             return False
-        self._say(f"driver {self.driver} left")
         self._drop_run()
-        self.owner, self.driver = None, ""
         if self.once:
             self.stop.set()
+        return True
+
+    def first_driver_gone(self) -> bool:
+        """With `once`: whether the driver is gone without releasing (killed, or silent past
+        the heartbeat timeout); then the service stops, as after its `release`."""
+        if not (self.once and self._server and self.owners.gone(self._server.reaches)):
+            return False
+        self._say(f"driver {self.owners.driver} is gone without releasing: this --once worker "
+                  f"exits")
+        self.stop.set()
         return True
 
     def load(self, index: int, graph: dict[str, Any], grads: Mapping[str, str],
@@ -384,6 +390,8 @@ def serve(listen: str, context: zmq.Context | None = None,
             while not service.stop.is_set():
                 if server.handle_one(handlers, IDLE_WAIT):
                     service.answered()
+                else:  # (idle: a driver that is gone sends nothing more)
+                    service.first_driver_gone()
         finally:
             service.close()
 
