@@ -218,7 +218,7 @@ def test_options_that_would_be_ignored_are_refused(model_file, tmp_path, cli_her
                            (("--parts", "2", "--replicas", "2", "--microbatches", "2"),
                             "and no --replicas"),
                            (("--check-numerics", "--replicas", "2"), "--check-numerics checks"),
-                           (("--timeout", "5"), "--timeout is a split model's"),
+                           (("--timeout", "5"), "--timeout is for workers: it needs --parts N"),
                            (("--parts", "2", "--connect-timeout", "5"), "needs --cluster FILE"),
                            (("--parts", "2", "--timeout", "0"),
                             "must be > 0 seconds and finite, got 0")):

@@ -300,6 +300,8 @@ class Cluster:
         session = tracing.current()  # a traced run: the workers record, the driver times steps
         traced = session.join(self) if session is not None else None
         rows = self._args.rows(checked, self.microbatches)
+        # (refused before any worker is sent its part: a part sent alone would run on)
+        joins = [self._args.joins(w) if self.microbatches > 1 else None for w in wanted]
         step = SentStep(self.step_count, {}, traced, clock(), fetches=asked,
                         fed={n: checked[n] for n in asked if n in self._args.placeholders})
         for i in range(self.plan.parts):
@@ -308,7 +310,7 @@ class Cluster:
                 "step": step.number, "train": train, "microbatches": self.microbatches,
                 "check_numerics": check_numerics or self.check_numerics,
                 "schedule": self.schedule, "rows": rows, "only": only[i],
-                "joins": self._args.joins(wanted[i]) if self.microbatches > 1 else None})
+                "joins": joins[i]})
         self.step_count += 1
         return step
 
