@@ -24,6 +24,7 @@ from graphflow.errors import GraphflowError
 from graphflow.ir import Node
 from graphflow.trace.recorder import RECV, SEND, Recorder, clock
 from graphflow.transport.endpoint import Endpoint, PeerTimeout
+from graphflow.transport.frames import FrameError
 
 IDLE_WAIT = 5.0  # s the receiver waits for a tensor before it looks again (close wakes it)
 ABORT = "!abort"  # the key of a failed peer's notice (no node's key: those are node names)
@@ -112,8 +113,8 @@ class Mailbox:
         arrived; with `block`, wait for one until `deadline` (then PeerTimeout, naming the peer
         and the key)."""
         self._check_aborted()
-        if self._send_error is not None:  # (a refused send: peers wait for it in vain)
-            raise StepFailed(f"{self.name}: {self._send_error}")
+        if isinstance(self._send_error, FrameError):  # (refused here: peers wait in vain;
+            raise StepFailed(f"{self.name}: {self._send_error}")  # a silent peer: see flush)
         early = [k for (k, s) in self._stash if s == step and k in waiting]
         got = [({"key": k}, self._stash.pop((k, step))) for k in early]
         while True:
