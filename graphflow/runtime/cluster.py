@@ -42,6 +42,7 @@ from graphflow.runtime.launch import PROCESS_START, LocalWorkers, reap
 from graphflow.runtime.options import check_cluster_options, check_pipeline
 from graphflow.runtime.ownership import check_workers
 from graphflow.runtime.planargs import Feeds, Fetches, PlanArgs
+from graphflow.runtime.prune import worker_runs
 from graphflow.runtime.worker import worker_name
 from graphflow.serialize import graph_to_dict
 from graphflow.trace import session as tracing
@@ -56,16 +57,6 @@ def _reap(procs: list[subprocess.Popen[bytes]], tmp: str | None, feeds: FeedBuff
     """End what a cluster dropped without close still holds: processes, folders, feed files."""
     feeds.close()
     reap(procs, tmp)
-
-
-def _only(needed: list[frozenset[str]] | None, plan: Plan) -> list[list[str] | None]:
-    """What each worker is told to run of its subgraph: None for the whole of it, on every
-    worker or none (a pruned worker runs its micro-batches one after another, so a peer that
-    ran the pipeline's schedule would wait for it in another order)."""
-    if needed is None or all(len(n) == len(w.graph.nodes)
-                             for n, w in zip(needed, plan.workers, strict=True)):
-        return [None] * plan.parts
-    return [sorted(n) for n in needed]
 
 
 class Cluster:
@@ -295,7 +286,7 @@ class Cluster:
         for name in names:
             wanted[self.plan.worker_of(name)].append(name)
         # a run that does not train computes only what its fetches need (runtime/prune.py)
-        only = _only(None if train else self._args.needed(names), self.plan)
+        only = worker_runs(None if train else self._args.needed(names), self.plan)
         checked = self._args.feeds(feeds, None if train else asked)
         session = tracing.current()  # a traced run: the workers record, the driver times steps
         traced = session.join(self) if session is not None else None

@@ -42,3 +42,14 @@ def needed_nodes(plan: Plan, fetches: Iterable[str]) -> list[frozenset[str]]:
         if n.op == "recv":  # its value comes from the peer's Send of the same key
             stack.append(sends[n.attrs["key"]])
     return [frozenset(s) for s in needed]
+
+
+def worker_runs(needed: list[frozenset[str]] | None, plan: Plan) -> list[list[str] | None]:
+    """What each worker is told to run of its subgraph (`needed_nodes`, or None for a
+    training step): None for the whole of it, on every worker or none (a pruned worker runs
+    its micro-batches one after another, so a peer that ran the pipeline's schedule would
+    wait for it in another order)."""
+    if needed is None or all(len(n) == len(w.graph.nodes)
+                             for n, w in zip(needed, plan.workers, strict=True)):
+        return [None] * plan.parts
+    return [sorted(n) for n in needed]
