@@ -167,6 +167,8 @@ class Mailbox:
         """Wait until every posted tensor has gone to zmq, and every tracked one has left (its
         memory is free to change)."""
         self._outbox.join()
+        if isinstance(self._send_error, PeerTimeout):  # the peer's failure: the driver names
+            raise self._send_error  # it (a silent one) before this worker (calls.SECONDARY)
         if self._send_error is not None:
             raise StepFailed(f"{self.name}: {self._send_error}")
         for tracker in self._trackers:
